@@ -1,0 +1,42 @@
+"""Command-line plumbing shared by the trainer's entry points: every failure is one clear line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, NoReturn, Sequence
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (`prog: error: ...`), not usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def run(prog: str, main: Callable[[Sequence[str] | None], None], argv: Sequence[str] | None = None,
+        expected: tuple[type[BaseException], ...] = ()) -> None:
+    """Runs `main`; the errors a user can cause (UsageError and `expected`) become one line."""
+    try:
+        main(argv)
+    except (UsageError, *expected) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(2 if isinstance(error, UsageError) else 1)

@@ -1,0 +1,96 @@
+"""TF_CONFIG: the cluster description that TFJob gives every pod, checked before TensorFlow starts.
+
+MultiWorkerMirroredStrategy reads TF_CONFIG itself; this module checks it first so that a malformed
+one is a clear error instead of a hang, tells whether this process is the chief (the one that
+writes), and generates one for local worker processes, as the TFJob controller does for pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+
+TF_CONFIG = "TF_CONFIG"
+WORKER_TYPES = ("chief", "worker")
+
+
+class ClusterConfigError(ValueError):
+    """TF_CONFIG is malformed; the message says what is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    cluster: dict[str, list[str]]
+    task_type: str
+    task_index: int
+
+    @property
+    def num_workers(self) -> int:
+        return sum(len(self.cluster.get(kind, [])) for kind in WORKER_TYPES)
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief task if there is one, else worker 0: the convention of TF and TFJob."""
+        if "chief" in self.cluster:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+
+LOCAL = ClusterSpec(cluster={"worker": ["localhost:0"]}, task_type="worker", task_index=0)
+
+
+def _fail(problem: str) -> ClusterConfigError:
+    return ClusterConfigError(f"malformed {TF_CONFIG}: {problem}")
+
+
+def parse_tf_config(text: str | None) -> ClusterSpec:
+    """The cluster of TF_CONFIG; no TF_CONFIG (None or empty) means one local worker."""
+    if not text:
+        return LOCAL
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise _fail(f"not JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise _fail("not a JSON object")
+    cluster, task = config.get("cluster"), config.get("task")
+    if not isinstance(cluster, dict) or not cluster:
+        raise _fail("'cluster' must be an object of task type to address list")
+    unsupported = sorted(set(cluster) - set(WORKER_TYPES))
+    if unsupported:
+        raise _fail(f"task types {unsupported} are not supported by MultiWorkerMirroredStrategy; "
+                    f"use {' and '.join(WORKER_TYPES)}")
+    for kind, addresses in cluster.items():
+        if (not isinstance(addresses, list) or not addresses
+                or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses)):
+            raise _fail(f"cluster.{kind} must be a non-empty list of 'host:port' strings")
+    if not isinstance(task, dict):
+        raise _fail("'task' must be an object with 'type' and 'index'")
+    task_type, task_index = task.get("type"), task.get("index")
+    if task_type not in cluster:
+        raise _fail(f"task.type {task_type!r} is not one of the cluster's {sorted(cluster)}")
+    if not isinstance(task_index, int) or not 0 <= task_index < len(cluster[task_type]):
+        raise _fail(f"task.index {task_index!r} is not in 0..{len(cluster[task_type]) - 1}")
+    return ClusterSpec(cluster=cluster, task_type=task_type, task_index=task_index)
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 now; all sockets are held until the end so the ports differ."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def local_tf_configs(num_workers: int) -> list[str]:
+    """One TF_CONFIG per worker process on 127.0.0.1, as the TFJob controller writes them."""
+    workers = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
+    return [
+        json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+        for index in range(num_workers)
+    ]

@@ -1,0 +1,74 @@
+"""The serving contract: a SavedModel that TF Serving, KServe and our own server load as is.
+
+Signatures:
+- `serving_default`: `image_bytes` (tf.string [None], PNG or JPEG, any size, grey or colour) ->
+  `probabilities` [None, 10], `class_id` [None], `class_name` [None]. Decoding, conversion to grey
+  and resizing happen in the graph. TF Serving decodes `{"image_bytes": {"b64": ...}}` instances
+  into this input because its name ends in `_bytes`.
+- `pixels`: `pixels` (float32 [None, 28, 28, 1], values 0-255) -> the same outputs.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer.fashion_mnist import CLASS_NAMES, IMAGE_SIZE
+
+IMAGE_BYTES_INPUT = "image_bytes"
+PIXELS_INPUT = "pixels"
+PIXELS_SIGNATURE = "pixels"
+SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+METRICS_FILE = "metrics.json"  # written by the trainer inside the export
+
+
+def decode_image(encoded: tf.Tensor) -> tf.Tensor:
+    """PNG or JPEG bytes of any size and colour -> float32 [28, 28, 1], values 0-255."""
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    grey = tf.image.rgb_to_grayscale(image)
+    resized = tf.image.resize(grey, [IMAGE_SIZE, IMAGE_SIZE], antialias=True)
+    return tf.clip_by_value(resized, 0.0, 255.0)
+
+
+class ServingModule(tf.Module):
+    """Wraps a trained model (logits from raw pixels) with the two serving signatures."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__()
+        self.model = model
+        self.class_names = tf.constant(CLASS_NAMES)
+
+    def _predict(self, pixels: tf.Tensor) -> dict[str, tf.Tensor]:
+        probabilities = tf.nn.softmax(self.model(pixels, training=False))
+        class_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+        return {
+            "probabilities": probabilities,
+            "class_id": class_id,
+            "class_name": tf.gather(self.class_names, class_id),
+        }
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=IMAGE_BYTES_INPUT)])
+    def serve_image_bytes(self, image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        pixels = tf.map_fn(
+            decode_image, image_bytes,
+            fn_output_signature=tf.TensorSpec([IMAGE_SIZE, IMAGE_SIZE, 1], tf.float32),
+        )
+        return self._predict(pixels)
+
+    @tf.function(input_signature=[
+        tf.TensorSpec([None, IMAGE_SIZE, IMAGE_SIZE, 1], tf.float32, name=PIXELS_INPUT)
+    ])
+    def serve_pixels(self, pixels: tf.Tensor) -> dict[str, tf.Tensor]:
+        return self._predict(pixels)
+
+
+def save_for_serving(model: keras.Model, export_dir: str) -> None:
+    module = ServingModule(model)
+    tf.saved_model.save(
+        module,
+        export_dir,
+        signatures={
+            SERVING_SIGNATURE: module.serve_image_bytes,
+            PIXELS_SIGNATURE: module.serve_pixels,
+        },
+    )

@@ -1,0 +1,220 @@
+"""Ingest Fashion-MNIST into a data directory, checked, with a manifest.
+
+    python -m trainer.ingest --source SRC --out DATA_DIR [--fallback-source SRC]
+
+SRC is an http(s) base URL (default: the official mirror), a local directory holding the four
+official `.gz` files, or `tfds` (tensorflow-datasets `fashion_mnist`, its data_dir under DATA_DIR).
+The files are fetched into a staging directory beside DATA_DIR, checked, and renamed into place, so
+a failure leaves DATA_DIR as it was. The manifest (source, counts, checksums) is the memoization key
+of the pipeline; a second run on the same source finds it and does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import http.client
+import json
+import shutil
+import socket
+import struct
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from trainer import cli
+from trainer.atomic import staged_directory
+from trainer.fashion_mnist import (
+    FILE_NAMES,
+    IMAGES_MAGIC,
+    LABELS_MAGIC,
+    MANIFEST_NAME,
+    SPLIT_FILES,
+    DatasetError,
+    md5_of,
+    read_split,
+    verify_official_checksums,
+)
+
+OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+TFDS_SOURCE = "tfds"
+DOWNLOAD_TIMEOUT_SECONDS = 30
+TFDS_BATCH_SIZE = 10_000
+
+
+class SourceUnavailable(Exception):
+    """The source could not be reached (network down, host unknown, HTTP error, no such directory)."""
+
+
+def log(message: str) -> None:
+    print(f"ingest: {message}", flush=True)
+
+
+def normalize_source(source: str) -> str:
+    """One spelling per source, so that the manifest comparison on a re-run is exact."""
+    if source == TFDS_SOURCE:
+        return source
+    if source.startswith(("http://", "https://")):
+        return source if source.endswith("/") else source + "/"
+    return str(Path(source).expanduser().resolve())
+
+
+# --- fetching: each writes the four official file names into `staging` ------------------------
+
+
+def fetch_http(base_url: str, staging: Path) -> None:
+    for name in FILE_NAMES:
+        url = base_url + name
+        log(f"downloading {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(
+                staging / name, "wb"
+            ) as file:
+                shutil.copyfileobj(response, file)
+        except http.client.IncompleteRead as error:
+            raise DatasetError(f"{name}: truncated download ({error})") from None
+        except (urllib.error.URLError, socket.timeout, ConnectionError) as error:
+            reason = getattr(error, "reason", error)
+            raise SourceUnavailable(f"{url}: unreachable ({reason})") from None
+
+
+def fetch_directory(directory: Path, staging: Path) -> None:
+    if not directory.is_dir():
+        raise SourceUnavailable(f"{directory}: no such directory")
+    for name in FILE_NAMES:
+        if not (directory / name).is_file():
+            raise DatasetError(f"{name}: file is missing from {directory}")
+        shutil.copyfile(directory / name, staging / name)
+
+
+def write_idx_gz(path: Path, magic: int, array) -> None:
+    header = struct.pack(f">{1 + array.ndim}I", magic, *array.shape)
+    # mtime=0 makes the bytes, and so the manifest checksums, the same on every run.
+    with gzip.GzipFile(path, "wb", mtime=0) as file:
+        file.write(header + array.astype("uint8").tobytes())
+
+
+def fetch_tfds(staging: Path) -> None:
+    # Imported here: tensorflow-datasets pulls in TensorFlow, which the file sources do not need.
+    import tensorflow_datasets as tfds
+
+    log("loading fashion_mnist with tensorflow-datasets")
+    for split, tfds_split in (("train", "train"), ("test", "test")):
+        try:
+            dataset = tfds.load("fashion_mnist", split=tfds_split, data_dir=str(staging / "tfds"))
+            batches = list(tfds.as_numpy(dataset.batch(TFDS_BATCH_SIZE)))
+        except Exception as error:  # tfds wraps download failures in many types
+            raise SourceUnavailable(f"tensorflow-datasets fashion_mnist: {error}") from None
+        images_name, labels_name = SPLIT_FILES[split]
+        write_idx_gz(staging / images_name, IMAGES_MAGIC,
+                     np.concatenate([batch["image"][..., 0] for batch in batches]))
+        write_idx_gz(staging / labels_name, LABELS_MAGIC,
+                     np.concatenate([batch["label"] for batch in batches]))
+
+
+def fetch(source: str, staging: Path) -> None:
+    if source == TFDS_SOURCE:
+        fetch_tfds(staging)
+    elif source.startswith(("http://", "https://")):
+        fetch_http(source, staging)
+    else:
+        fetch_directory(Path(source), staging)
+
+
+# --- checking, the manifest, and the atomic swap ---------------------------------------------
+
+
+def build_manifest(source: str, directory: Path) -> dict:
+    """Checks every file (raising DatasetError) and describes what was ingested."""
+    counts = {}
+    for split in SPLIT_FILES:
+        counts[split] = len(read_split(directory, split))
+        # tensorflow-datasets verifies its own downloads; our re-encoded .gz bytes differ from
+        # the official ones, so the official MD5s apply to the other sources only.
+        if source != TFDS_SOURCE:
+            verify_official_checksums(directory, split, counts[split])
+    return {
+        "source": source,
+        "counts": counts,
+        "files": {name: {"md5": md5_of(directory / name)} for name in FILE_NAMES},
+    }
+
+
+def is_current(out: Path, source: str) -> dict | None:
+    """The manifest of `out` when it already holds intact data from `source`, else None."""
+    try:
+        manifest = json.loads((out / MANIFEST_NAME).read_text())
+        if manifest["source"] != source:
+            return None
+        for name, entry in manifest["files"].items():
+            if md5_of(out / name) != entry["md5"]:
+                return None
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_replaceable(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise cli.UsageError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
+        raise cli.UsageError(
+            f"{out}: exists, is not empty and holds no {MANIFEST_NAME}; "
+            "refusing to replace it (choose another --out)"
+        )
+
+
+def ingest(source: str, out: Path) -> dict:
+    """Ingests `source` into `out` unless it is already there; returns the manifest."""
+    source = normalize_source(source)
+    current = is_current(out, source)
+    if current is not None:
+        log(f"{out} already holds {describe(current)}; nothing to do")
+        return current
+    check_replaceable(out)
+    with staged_directory(out) as staging:
+        fetch(source, staging)
+        manifest = build_manifest(source, staging)
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"wrote {out}: {describe(manifest)}")
+    return manifest
+
+
+def ingest_with_fallback(source: str, fallback: str | None, out: Path) -> dict:
+    try:
+        return ingest(source, out)
+    except SourceUnavailable as error:
+        if fallback is None:
+            raise
+        print(f"ingest: WARNING: {error}; using the fallback {fallback}", file=sys.stderr, flush=True)
+        return ingest(fallback, out)
+
+
+def describe(manifest: dict) -> str:
+    counts = manifest["counts"]
+    return f"{counts['train']} train + {counts['test']} test images from {manifest['source']}"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = cli.OneLineParser(prog="ingest", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", default=OFFICIAL_MIRROR,
+                        help="http(s) base URL, directory of the four .gz files, or 'tfds' "
+                        "(default: the official mirror)")
+    parser.add_argument("--out", type=Path, required=True, help="data directory to write")
+    parser.add_argument("--fallback-source",
+                        help="used, with a warning, when --source cannot be reached")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    ingest_with_fallback(args.source, args.fallback_source, args.out)
+
+
+if __name__ == "__main__":
+    cli.run("ingest", main, expected=(DatasetError, SourceUnavailable))

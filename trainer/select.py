@@ -1,0 +1,134 @@
+"""Evaluate candidate exports on the test split and publish the best as the next version.
+
+    python -m trainer.select --candidates EXPORT... --data-dir DATA_DIR --model-repo REPO \\
+        --model-name fmnist
+
+The winner has the highest test accuracy (ties: lower loss). It is published atomically as
+REPO/<model-name>/<N>/ with `selection.json` (every candidate's scores, the winner, the version)
+and `report.png` (accuracy per candidate, the winner's confusion matrix) inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import cli, export, model_repository, report
+from trainer.fashion_mnist import NUM_CLASSES, DatasetError, Split, load_split
+
+SELECTION_FILE = "selection.json"
+REPORT_FILE = "report.png"
+
+
+class CandidateError(ValueError):
+    """A candidate is not a SavedModel with the serving signatures."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    name: str
+    export_dir: Path
+    accuracy: float
+    loss: float
+    confusion: np.ndarray  # [true class, predicted class] counts
+
+    def summary(self) -> dict:
+        return {"name": self.name, "export_dir": str(self.export_dir),
+                "test_accuracy": self.accuracy, "test_loss": self.loss}
+
+
+def candidate_name(export_dir: Path) -> str:
+    """The variant recorded by the trainer, else the directory's name."""
+    try:
+        return json.loads((export_dir / export.METRICS_FILE).read_text())["model"]
+    except (OSError, ValueError, KeyError):
+        return export_dir.name
+
+
+def evaluate(export_dir: Path, test: Split) -> Evaluation:
+    try:
+        loaded = tf.saved_model.load(str(export_dir))
+        predict = loaded.signatures[export.PIXELS_SIGNATURE]
+    except (OSError, ValueError, KeyError) as error:
+        raise CandidateError(
+            f"{export_dir}: not a SavedModel with a '{export.PIXELS_SIGNATURE}' signature "
+            f"({type(error).__name__})"
+        ) from None
+    probabilities = predict(pixels=tf.constant(test.images, tf.float32))["probabilities"].numpy()
+    predicted = probabilities.argmax(axis=1)
+    confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=int)
+    np.add.at(confusion, (test.labels, predicted), 1)
+    picked = probabilities[np.arange(len(test)), test.labels]
+    return Evaluation(
+        name=candidate_name(export_dir),
+        export_dir=export_dir,
+        accuracy=float(np.mean(predicted == test.labels)),
+        loss=float(-np.mean(np.log(np.maximum(picked, 1e-7)))),
+        confusion=confusion,
+    )
+
+
+def best(evaluations: Sequence[Evaluation]) -> Evaluation:
+    return max(evaluations, key=lambda e: (e.accuracy, -e.loss))
+
+
+def select_and_publish(candidates: Sequence[Path], data_dir: Path, repo: Path,
+                       model_name: str) -> dict:
+    test = load_split(data_dir, "test")
+    evaluations = [evaluate(candidate, test) for candidate in candidates]
+    winner = best(evaluations)
+    selection = {
+        "model_name": model_name,
+        "test_examples": len(test),
+        "candidates": [e.summary() for e in evaluations],
+        "winner": winner.name,
+    }
+
+    def add_report(version_dir: Path, version: int) -> None:
+        selection["version"] = version
+        (version_dir / SELECTION_FILE).write_text(json.dumps(selection, indent=2) + "\n")
+        report.write_report(version_dir / REPORT_FILE, evaluations, winner, version)
+
+    model_repository.publish(winner.export_dir, repo, model_name, add_report)
+    return selection
+
+
+def print_table(selection: dict, repo: Path) -> None:
+    print(f"{'candidate':<20} {'test accuracy':>13} {'test loss':>10}")
+    for candidate in selection["candidates"]:
+        mark = "  <- published" if candidate["name"] == selection["winner"] else ""
+        print(f"{candidate['name']:<20} {candidate['test_accuracy']:>13.4f} "
+              f"{candidate['test_loss']:>10.4f}{mark}")
+    version_dir = repo / selection["model_name"] / str(selection["version"])
+    print(f"select: published {selection['winner']} as version {selection['version']}: {version_dir}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = cli.OneLineParser(prog="select", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--candidates", type=Path, nargs="+", required=True,
+                        help="export directories written by trainer.train")
+    parser.add_argument("--data-dir", type=Path, required=True, help="written by trainer.ingest")
+    parser.add_argument("--model-repo", type=Path, required=True)
+    parser.add_argument("--model-name", default="fmnist")
+    args = parser.parse_args(argv)
+    for candidate in args.candidates:
+        if not candidate.is_dir():
+            raise cli.UsageError(f"{candidate}: no such export directory")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    selection = select_and_publish(args.candidates, args.data_dir, args.model_repo,
+                                   args.model_name)
+    print_table(selection, args.model_repo)
+
+
+if __name__ == "__main__":
+    cli.run("select", main, expected=(CandidateError, DatasetError))

@@ -1,0 +1,208 @@
+"""Train one CNN variant with MultiWorkerMirroredStrategy and export it for serving.
+
+    python -m trainer.train --model NAME --data-dir DATA_DIR --checkpoint-dir CKPT \\
+        --export-dir EXPORT [--epochs N] [--batch-size-per-replica B] [--steps-per-epoch S] \\
+        [--learning-rate LR]
+
+The cluster comes from TF_CONFIG, as TFJob sets it in every pod; without it this is one local
+worker. Every worker runs the same code and the same number of steps; only the chief writes the
+export. BackupAndRestore under CKPT lets restarted workers resume from the last completed epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer import cli, data, export, models
+from trainer.atomic import staged_directory
+from trainer.cluster import TF_CONFIG, ClusterConfigError, ClusterSpec, parse_tf_config
+from trainer.fashion_mnist import DatasetError, Split, load_split
+
+DEFAULT_BATCH_SIZE_PER_REPLICA = 32
+DEFAULT_LEARNING_RATE = 1e-3
+# Without --epochs: enough passes to see MIN_EXAMPLES_SEEN examples, and at least MIN_EPOCHS.
+# That is 10 epochs of the full dataset and about 67 of the 450-image sample.
+MIN_EPOCHS = 10
+MIN_EXAMPLES_SEEN = 30_000
+TRAINING_SEED = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    model: str
+    data_dir: Path
+    checkpoint_dir: Path
+    export_dir: Path
+    epochs: int | None
+    batch_size_per_replica: int
+    steps_per_epoch: int | None
+    learning_rate: float
+
+
+def parse_args(argv: Sequence[str] | None) -> TrainConfig:
+    parser = cli.OneLineParser(prog="train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, choices=sorted(models.MODELS))
+    parser.add_argument("--data-dir", type=Path, required=True, help="written by trainer.ingest")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True,
+                        help="this variant's own: backups for resuming, TensorBoard logs")
+    parser.add_argument("--export-dir", type=Path, required=True, help="the SavedModel to write")
+    parser.add_argument("--epochs", type=cli.positive_int,
+                        help=f"default: at least {MIN_EPOCHS}, and enough to see "
+                        f"{MIN_EXAMPLES_SEEN} examples")
+    parser.add_argument("--batch-size-per-replica", type=cli.positive_int,
+                        default=DEFAULT_BATCH_SIZE_PER_REPLICA)
+    parser.add_argument("--steps-per-epoch", type=cli.positive_int,
+                        help="default: one pass over the training images")
+    parser.add_argument("--learning-rate", type=cli.positive_float, default=DEFAULT_LEARNING_RATE)
+    return TrainConfig(**vars(parser.parse_args(argv)))
+
+
+def log(cluster: ClusterSpec, message: str) -> None:
+    print(f"train[{cluster.task_type}:{cluster.task_index}]: {message}", flush=True)
+
+
+def cosine_schedule(base_rate: float, epochs: int) -> Callable[[int, float], float]:
+    """Learning rate per epoch, decaying from `base_rate` towards zero along half a cosine."""
+    def rate(epoch: int, _current: float) -> float:
+        return base_rate * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
+
+    return rate
+
+
+class ProgressLogger(keras.callbacks.Callback):
+    """One line per epoch (metrics, learning rate, time) and the throughput of the whole run.
+
+    Placed after BackupAndRestore, so a logged epoch end means its backup is on disk.
+    """
+
+    def __init__(self, cluster: ClusterSpec, epochs: int, examples_per_epoch: int):
+        super().__init__()
+        self.cluster, self.epochs, self.examples_per_epoch = cluster, epochs, examples_per_epoch
+        self.first_epoch: int | None = None
+        self.epoch_seconds: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+            if epoch > 0:
+                log(self.cluster, f"resuming from backup at epoch {epoch + 1}/{self.epochs}")
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.perf_counter() - self._started
+        self.epoch_seconds.append(seconds)
+        logs = logs or {}
+        log(self.cluster, f"epoch {epoch + 1}/{self.epochs} loss={logs.get('loss', math.nan):.4f} "
+            f"accuracy={logs.get('accuracy', math.nan):.4f} lr={logs.get('lr', math.nan):.6f} "
+            f"({seconds:.1f}s)")
+
+    def examples_per_second(self) -> float:
+        """Steady-state throughput: the first epoch of a run also traces and compiles."""
+        timed = self.epoch_seconds[1:] or self.epoch_seconds
+        return self.examples_per_epoch * len(timed) / sum(timed) if timed else 0.0
+
+
+def compiled_model(name: str, learning_rate: float) -> keras.Model:
+    model = models.build_model(name)
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def evaluate_export(export_dir: Path, split: Split) -> dict[str, float]:
+    """Accuracy and loss of the exported SavedModel itself, through its `pixels` signature."""
+    predict = tf.saved_model.load(str(export_dir)).signatures[export.PIXELS_SIGNATURE]
+    probabilities = predict(pixels=tf.constant(split.images, tf.float32))["probabilities"].numpy()
+    picked = probabilities[np.arange(len(split)), split.labels]
+    return {
+        "accuracy": float(np.mean(probabilities.argmax(axis=1) == split.labels)),
+        "loss": float(-np.mean(np.log(np.maximum(picked, 1e-7)))),
+        "examples": len(split),
+    }
+
+
+def export_model(model: keras.Model, cluster: ClusterSpec, export_dir: Path,
+                 write_metrics: Callable[[Path], dict]) -> None:
+    """Every worker saves (saving reads synchronised variables collectively); only the chief keeps.
+
+    The chief's export appears whole or not at all, with its metrics inside.
+    """
+    if not cluster.is_chief:
+        scratch = Path(tempfile.mkdtemp(prefix="export-worker-"))
+        try:
+            export.save_for_serving(model, str(scratch))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
+    with staged_directory(export_dir) as staging:
+        export.save_for_serving(model, str(staging))
+        metrics = write_metrics(staging)
+    log(cluster, f"exported {export_dir}: validation accuracy {metrics['validation']['accuracy']:.4f}")
+
+
+def train(config: TrainConfig, cluster: ClusterSpec) -> None:
+    started = time.time()
+    train_split, validation_split = data.split_validation(load_split(config.data_dir, "train"))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    keras.utils.set_random_seed(TRAINING_SEED)
+    global_batch = config.batch_size_per_replica * strategy.num_replicas_in_sync
+    steps_per_epoch = config.steps_per_epoch or max(1, len(train_split) // global_batch)
+    epochs = config.epochs or max(MIN_EPOCHS, math.ceil(MIN_EXAMPLES_SEEN / len(train_split)))
+    log(cluster, f"{config.model}: {len(train_split)} training images, {cluster.num_workers} "
+        f"worker(s), global batch {global_batch}, {epochs} epochs of {steps_per_epoch} steps")
+
+    with strategy.scope():
+        model = compiled_model(config.model, config.learning_rate)
+    progress = ProgressLogger(cluster, epochs, steps_per_epoch * global_batch)
+    callbacks = [
+        keras.callbacks.BackupAndRestore(backup_dir=str(config.checkpoint_dir / "backup")),
+        keras.callbacks.LearningRateScheduler(cosine_schedule(config.learning_rate, epochs)),
+        keras.callbacks.TensorBoard(log_dir=str(config.checkpoint_dir / "tensorboard"),
+                                    profile_batch=0),
+        progress,
+    ]
+    model.fit(data.training_dataset(train_split, global_batch), epochs=epochs,
+              steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
+
+    def write_metrics(export_dir: Path) -> dict:
+        metrics = {
+            "model": config.model,
+            "validation": evaluate_export(export_dir, validation_split),
+            "epochs": epochs,
+            "steps_per_epoch": steps_per_epoch,
+            "global_batch_size": global_batch,
+            "workers": cluster.num_workers,
+            "training_examples": len(train_split),
+            "examples_per_second": progress.examples_per_second(),
+            "wall_time_seconds": time.time() - started,
+        }
+        (export_dir / export.METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+        return metrics
+
+    export_model(model, cluster, config.export_dir, write_metrics)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_args(argv)
+    cluster = parse_tf_config(os.environ.get(TF_CONFIG))
+    train(config, cluster)
+
+
+if __name__ == "__main__":
+    cli.run("train", main, expected=(ClusterConfigError, DatasetError))
