@@ -1,0 +1,43 @@
+"""The model registry and the variants' shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tf_keras as keras
+
+from trainer import models
+
+
+def test_registry_holds_the_three_variants():
+    assert {"cnn", "cnn_dropout", "cnn_batchnorm"} <= set(models.MODELS)
+
+
+@pytest.mark.parametrize("name", ["cnn", "cnn_dropout", "cnn_batchnorm"])
+def test_each_variant_scales_raw_pixels_itself_and_returns_ten_logits(name):
+    model = models.build_model(name)
+    assert isinstance(model.layers[0], keras.layers.Rescaling)
+    assert model.input_shape == (None, 28, 28, 1)
+    logits = model(np.full((2, 28, 28, 1), 255.0, np.float32))
+    assert logits.shape == (2, 10)
+
+
+def test_cnn_batchnorm_normalises_both_conv_blocks():
+    kinds = [type(layer).__name__ for layer in models.build_model("cnn_batchnorm").layers]
+    assert kinds.count("BatchNormalization") == 2
+    assert kinds.count("Conv2D") == 3
+
+
+def test_a_fourth_variant_is_one_registered_function(monkeypatch):
+    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+
+    @models.register("tiny")
+    def tiny() -> keras.Model:
+        return models._sequential("tiny", keras.layers.Flatten(), keras.layers.Dense(10))
+
+    assert models.build_model("tiny").output_shape == (None, 10)
+
+
+def test_unknown_variant_names_the_choices():
+    with pytest.raises(KeyError, match="unknown model 'resnet'; choose from cnn, cnn_batchnorm"):
+        models.build_model("resnet")

@@ -1,0 +1,93 @@
+"""Selection of the best candidate and atomic publishing of numbered versions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from conftest import last_line, run_module
+from trainer import model_repository
+from trainer.select import CandidateError, select_and_publish
+
+
+@pytest.fixture
+def candidates(two_worker_export: Path, one_worker_export: Path) -> list[Path]:
+    return [two_worker_export, one_worker_export]
+
+
+def test_publishes_the_most_accurate_candidate_as_version_1_then_2(candidates, data_dir,
+                                                                   tmp_path):
+    repo = tmp_path / "models"
+    first = select_and_publish(candidates, data_dir, repo, "fmnist")
+    second = select_and_publish(candidates, data_dir, repo, "fmnist")
+
+    assert (first["version"], second["version"]) == (1, 2)
+    assert model_repository.versions(repo, "fmnist") == [1, 2]
+    scores = {c["name"]: c["test_accuracy"] for c in first["candidates"]}
+    assert set(scores) == {"cnn", "cnn_batchnorm"}
+    assert scores[first["winner"]] == max(scores.values())
+
+    version_dir = repo / "fmnist" / "1"
+    winner_dir = dict(zip(["cnn", "cnn_batchnorm"], candidates))[first["winner"]]
+    assert (version_dir / "saved_model.pb").read_bytes() == (
+        winner_dir / "saved_model.pb").read_bytes()
+    assert json.loads((version_dir / "selection.json").read_text()) == first
+    assert Image.open(version_dir / "report.png").size[0] > 500
+
+
+def test_interrupted_publish_leaves_no_partial_version(candidates, data_dir, tmp_path,
+                                                       monkeypatch):
+    repo = tmp_path / "models"
+    select_and_publish(candidates, data_dir, repo, "fmnist")
+    version_1 = sorted(p.relative_to(repo) for p in (repo / "fmnist" / "1").rglob("*"))
+
+    def crash_midway(source, destination, **kwargs):
+        shutil.copy2(Path(source) / "saved_model.pb", Path(destination) / "saved_model.pb")
+        raise KeyboardInterrupt("power cut")
+
+    monkeypatch.setattr(model_repository.shutil, "copytree", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        select_and_publish(candidates, data_dir, repo, "fmnist")
+
+    assert model_repository.versions(repo, "fmnist") == [1]
+    assert sorted(p.relative_to(repo) for p in (repo / "fmnist" / "1").rglob("*")) == version_1
+    assert [p.name for p in (repo / "fmnist").iterdir()] == ["1"]
+
+
+def test_a_crashed_publisher_staging_directory_is_not_a_version(candidates, data_dir, tmp_path):
+    repo = tmp_path / "models"
+    stale = repo / "fmnist" / ".1.staging-abc123"
+    stale.mkdir(parents=True)
+    (stale / "saved_model.pb").write_bytes(b"partial")
+
+    selection = select_and_publish(candidates, data_dir, repo, "fmnist")
+
+    assert selection["version"] == 1
+    assert model_repository.versions(repo, "fmnist") == [1]
+
+
+def test_a_candidate_that_is_not_a_savedmodel_is_rejected(candidates, data_dir, tmp_path):
+    bogus = tmp_path / "bogus"
+    bogus.mkdir()
+    with pytest.raises(CandidateError, match="bogus: not a SavedModel"):
+        select_and_publish([*candidates, bogus], data_dir, tmp_path / "models", "fmnist")
+    assert not (tmp_path / "models").exists()
+
+
+def test_cli_prints_the_table_and_the_version(candidates, data_dir, tmp_path):
+    result = run_module("trainer.select", "--candidates", *candidates, "--data-dir", data_dir,
+                        "--model-repo", tmp_path / "models", "--model-name", "fmnist")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "<- published" in result.stdout
+    assert "as version 1:" in last_line(result.stdout)
+
+
+def test_cli_missing_candidate_is_one_line(data_dir, tmp_path):
+    result = run_module("trainer.select", "--candidates", tmp_path / "nope", "--data-dir",
+                        data_dir, "--model-repo", tmp_path / "models")
+    assert result.returncode == 2
+    assert last_line(result.stderr) == f"select: error: {tmp_path / 'nope'}: no such export directory"

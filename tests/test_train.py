@@ -1,0 +1,123 @@
+"""Training with real worker processes, the serving export, resuming after a lost worker."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from conftest import last_line, run_module, train_args
+from trainer import fashion_mnist
+from trainer.launch import start_workers, stop_workers, wait_for_workers
+
+EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
+
+
+def encode(pixels: np.ndarray, image_format: str = "PNG", size: int = 28,
+           mode: str = "L") -> bytes:
+    image = Image.fromarray(pixels[..., 0]).convert(mode).resize((size, size))
+    buffer = io.BytesIO()
+    image.save(buffer, format=image_format)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def test_images(data_dir: Path) -> fashion_mnist.Split:
+    test = fashion_mnist.load_split(data_dir, "test")
+    return fashion_mnist.Split(test.images[:20], test.labels[:20])
+
+
+def test_two_workers_train_and_the_chief_exports_metrics(two_worker_export: Path):
+    metrics = json.loads((two_worker_export / "metrics.json").read_text())
+    assert metrics["workers"] == 2
+    assert metrics["model"] == "cnn"
+    assert metrics["epochs"] == 2 and metrics["steps_per_epoch"] == 6
+    assert metrics["global_batch_size"] == 64  # 32 per replica x 2 replicas
+    assert 0.0 <= metrics["validation"]["accuracy"] <= 1.0
+    assert metrics["validation"]["examples"] == 50  # 10% of each class of the 500 held out
+    assert metrics["examples_per_second"] > 0 and metrics["wall_time_seconds"] > 0
+    leftovers = [p.name for p in two_worker_export.parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_serving_default_classifies_png_bytes_like_the_pixels_signature(two_worker_export,
+                                                                        test_images):
+    loaded = tf.saved_model.load(str(two_worker_export))
+    by_bytes = loaded.signatures["serving_default"](
+        image_bytes=tf.constant([encode(image) for image in test_images.images]))
+    by_pixels = loaded.signatures["pixels"](pixels=tf.constant(test_images.images, tf.float32))
+
+    assert by_bytes["probabilities"].shape == (20, 10)
+    np.testing.assert_allclose(by_bytes["probabilities"], by_pixels["probabilities"], atol=1e-5)
+    np.testing.assert_array_equal(by_bytes["class_id"], by_pixels["class_id"])
+    names = [name.decode() for name in by_bytes["class_name"].numpy()]
+    assert names == [fashion_mnist.CLASS_NAMES[i] for i in by_bytes["class_id"].numpy()]
+    np.testing.assert_allclose(np.sum(by_bytes["probabilities"], axis=1), 1.0, rtol=1e-5)
+
+
+def test_serving_default_takes_jpeg_colour_and_other_sizes(two_worker_export, test_images):
+    loaded = tf.saved_model.load(str(two_worker_export))
+    images = [encode(test_images.images[0], "JPEG", size=84, mode="RGB"),
+              encode(test_images.images[1], "PNG", size=14, mode="RGBA")]
+    result = loaded.signatures["serving_default"](image_bytes=tf.constant(images))
+    assert result["probabilities"].shape == (2, 10)
+    assert result["class_id"].shape == (2,)
+
+
+def read_epochs(log: Path) -> list[int]:
+    return [int(match.group(1)) for match in EPOCH_END.finditer(log.read_text(errors="replace"))]
+
+
+def test_killed_worker_resumes_from_the_last_completed_epoch(data_dir, tmp_path):
+    args = train_args("cnn", data_dir, tmp_path, "--epochs", "6", "--steps-per-epoch", "40",
+                      "--batch-size-per-replica", "16")
+    workers = start_workers(args, num_workers=2, log_dir=tmp_path / "run-1")
+    chief_log = workers[0].log_path
+    deadline = time.monotonic() + 300
+    try:
+        while len(read_epochs(chief_log)) < 2:
+            assert time.monotonic() < deadline, chief_log.read_text()[-3000:]
+            assert all(w.process.poll() is None for w in workers), chief_log.read_text()[-3000:]
+            time.sleep(0.05)
+        workers[1].process.send_signal(signal.SIGKILL)
+    finally:
+        stop_workers(workers)  # the TFJob controller restarts the whole set
+    completed = max(read_epochs(chief_log))
+    assert 2 <= completed < 6
+
+    restarted = start_workers(args, num_workers=2, log_dir=tmp_path / "run-2")
+    wait_for_workers(restarted)
+
+    resumed_log = restarted[0].log_path.read_text()
+    assert f"resuming from backup at epoch {completed + 1}/6" in resumed_log
+    assert read_epochs(restarted[0].log_path) == list(range(completed + 1, 7))
+    assert (tmp_path / "export" / "saved_model.pb").is_file()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model": "resnet"}, "train: error: argument --model: invalid choice: 'resnet'"),
+    ({"data-dir": "/nonexistent/data"}, "train: error: /nonexistent/data: no dataset here"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}'},
+     "train: error: malformed TF_CONFIG: task.index 3 is not in 0..0"),
+    ({"epochs": "0"}, "train: error: argument --epochs: must be a positive integer, got 0"),
+])
+def test_bad_arguments_exit_nonzero_with_one_clear_line(data_dir, tmp_path, change, message):
+    flags = {"model": "cnn", "data-dir": str(data_dir), "checkpoint-dir": str(tmp_path / "c"),
+             "export-dir": str(tmp_path / "e"), "epochs": "1"}
+    env = {"TF_CONFIG": change.pop("TF_CONFIG", "")}
+    flags.update(change)
+    argv = [item for key, value in flags.items() for item in (f"--{key}", value)]
+
+    result = run_module("trainer.train", *argv, env=env)
+
+    assert result.returncode != 0
+    assert last_line(result.stderr).startswith(message), result.stderr[-2000:]
+    assert not (tmp_path / "e").exists()
