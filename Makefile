@@ -33,6 +33,7 @@ demo: $(INSTALLED)
 	  --data-dir $(DEMO_DIR)/data --model-repo $(DEMO_DIR)/models --model-name fmnist
 
 test: $(INSTALLED)
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 bench: bench-train

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_module
+
 from trainer import fashion_mnist
 from trainer.cluster import free_ports
-from trainer.fashion_mnist import FILE_NAMES, DatasetError
-from trainer.ingest import SourceUnavailable, ingest, ingest_with_fallback, write_idx_gz
+from trainer.fashion_mnist import FILE_NAMES, DatasetError, write_split
+from trainer.ingest import SourceUnavailable, ingest, ingest_with_fallback
 
 
 @pytest.fixture
@@ -44,12 +44,6 @@ def http_server(sample_dir: Path):
 def closed_port() -> int:
     """A port that nothing listens on: connections to it are refused."""
     return free_ports(1)[0]
-
-
-def write_split(directory: Path, split: str, images: np.ndarray, labels: np.ndarray) -> None:
-    images_name, labels_name = fashion_mnist.SPLIT_FILES[split]
-    write_idx_gz(directory / images_name, fashion_mnist.IMAGES_MAGIC, images)
-    write_idx_gz(directory / labels_name, fashion_mnist.LABELS_MAGIC, labels)
 
 
 def assert_nothing_written(out: Path) -> None:

@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import last_line, run_module
 from PIL import Image
 
-from conftest import last_line, run_module
 from trainer import model_repository
 from trainer.select import CandidateError, select_and_publish
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import last_line, run_module, train_args
 from PIL import Image
 
-from conftest import last_line, run_module, train_args
 from trainer import fashion_mnist
 from trainer.launch import start_workers, stop_workers, wait_for_workers
 

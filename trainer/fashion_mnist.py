@@ -104,6 +104,20 @@ def _parse_idx(path: Path, magic: int, dims: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=header_size).reshape(shape)
 
 
+def write_idx_gz(path: Path, magic: int, array: np.ndarray) -> None:
+    header = struct.pack(f">{1 + array.ndim}I", magic, *array.shape)
+    # mtime=0 makes the bytes, and so the manifest checksums, the same on every run.
+    with gzip.GzipFile(path, "wb", mtime=0) as file:
+        file.write(header + array.astype(np.uint8).tobytes())
+
+
+def write_split(directory: Path, split: str, images: np.ndarray, labels: np.ndarray) -> None:
+    """Writes a split in the official format; images are [N, 28, 28] or [N, 28, 28, 1]."""
+    images_name, labels_name = SPLIT_FILES[split]
+    write_idx_gz(directory / images_name, IMAGES_MAGIC, images.reshape(images.shape[:3]))
+    write_idx_gz(directory / labels_name, LABELS_MAGIC, labels)
+
+
 def read_split(directory: Path, split: str) -> Split:
     """Reads and structurally checks one split; raises DatasetError naming the bad file."""
     images_name, labels_name = SPLIT_FILES[split]

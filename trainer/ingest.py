@@ -12,13 +12,10 @@ of the pipeline; a second run on the same source finds it and does nothing.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import gzip
 import http.client
 import json
 import shutil
 import socket
-import struct
 import sys
 import urllib.error
 import urllib.request
@@ -31,14 +28,13 @@ from trainer import cli
 from trainer.atomic import staged_directory
 from trainer.fashion_mnist import (
     FILE_NAMES,
-    IMAGES_MAGIC,
-    LABELS_MAGIC,
     MANIFEST_NAME,
     SPLIT_FILES,
     DatasetError,
     md5_of,
     read_split,
     verify_official_checksums,
+    write_split,
 )
 
 OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
@@ -92,13 +88,6 @@ def fetch_directory(directory: Path, staging: Path) -> None:
         shutil.copyfile(directory / name, staging / name)
 
 
-def write_idx_gz(path: Path, magic: int, array) -> None:
-    header = struct.pack(f">{1 + array.ndim}I", magic, *array.shape)
-    # mtime=0 makes the bytes, and so the manifest checksums, the same on every run.
-    with gzip.GzipFile(path, "wb", mtime=0) as file:
-        file.write(header + array.astype("uint8").tobytes())
-
-
 def fetch_tfds(staging: Path) -> None:
     # Imported here: tensorflow-datasets pulls in TensorFlow, which the file sources do not need.
     import tensorflow_datasets as tfds
@@ -110,11 +99,9 @@ def fetch_tfds(staging: Path) -> None:
             batches = list(tfds.as_numpy(dataset.batch(TFDS_BATCH_SIZE)))
         except Exception as error:  # tfds wraps download failures in many types
             raise SourceUnavailable(f"tensorflow-datasets fashion_mnist: {error}") from None
-        images_name, labels_name = SPLIT_FILES[split]
-        write_idx_gz(staging / images_name, IMAGES_MAGIC,
-                     np.concatenate([batch["image"][..., 0] for batch in batches]))
-        write_idx_gz(staging / labels_name, LABELS_MAGIC,
-                     np.concatenate([batch["label"] for batch in batches]))
+        write_split(staging, split,
+                    np.concatenate([batch["image"] for batch in batches]),
+                    np.concatenate([batch["label"] for batch in batches]))
 
 
 def fetch(source: str, staging: Path) -> None:

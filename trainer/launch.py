@@ -1,6 +1,6 @@
 """Run one training job as N worker processes on 127.0.0.1, as TFJob runs it as N pods.
 
-    python -m trainer.launch --workers N --log-dir DIR -- --model NAME --data-dir ... (train's flags)
+    python -m trainer.launch --workers N --log-dir DIR -- --model NAME ... (trainer.train's flags)
 
 Each worker is `python -m trainer.train` with its own TF_CONFIG on free ports and its own log file
 (DIR/worker-<i>.log). When a worker fails, the others are stopped and the error names the worker
@@ -108,7 +108,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     print(f"launch: {args.workers} workers, logs in {args.log_dir}", flush=True)
+    started = time.monotonic()
     run_workers(args.train_args, args.workers, args.log_dir)
+    print(f"launch: all {args.workers} workers finished in {time.monotonic() - started:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ export. BackupAndRestore under CKPT lets restarted workers resume from the last 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -32,7 +31,7 @@ from trainer.cluster import TF_CONFIG, ClusterConfigError, ClusterSpec, parse_tf
 from trainer.fashion_mnist import DatasetError, Split, load_split
 
 DEFAULT_BATCH_SIZE_PER_REPLICA = 32
-DEFAULT_LEARNING_RATE = 1e-3
+DEFAULT_LEARNING_RATE = 2e-3
 # Without --epochs: enough passes to see MIN_EXAMPLES_SEEN examples, and at least MIN_EPOCHS.
 # That is 10 epochs of the full dataset and about 67 of the 450-image sample.
 MIN_EPOCHS = 10
