@@ -121,3 +121,16 @@ def test_bad_arguments_exit_nonzero_with_one_clear_line(data_dir, tmp_path, chan
     assert result.returncode != 0
     assert last_line(result.stderr).startswith(message), result.stderr[-2000:]
     assert not (tmp_path / "e").exists()
+
+
+def test_a_checkpoint_dir_of_another_variant_is_refused(data_dir, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "model.txt").write_text("cnn_dropout\n")
+
+    result = run_module("trainer.train", *train_args("cnn", data_dir, tmp_path, "--epochs", "1"))
+
+    assert result.returncode == 2
+    assert last_line(result.stderr) == (
+        f"train: error: {tmp_path / 'checkpoints'}: holds checkpoints of 'cnn_dropout', not 'cnn'; "
+        "give each variant its own --checkpoint-dir")
+    assert (tmp_path / "checkpoints" / "model.txt").read_text() == "cnn_dropout\n"

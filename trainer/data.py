@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from trainer.fashion_mnist import NUM_CLASSES, Split
+from trainer.fashion_mnist import IMAGE_SIZE, NUM_CLASSES, Split
 
 VALIDATION_FRACTION = 0.1
 SPLIT_SEED = 20_240_601  # fixed, so every worker and every rerun holds out the same images
@@ -26,28 +26,34 @@ def split_validation(train: Split, fraction: float = VALIDATION_FRACTION) -> tup
             Split(train.images[mask], train.labels[mask]))
 
 
-def augment(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Mirror images and shift them a little: clothes stay clothes, and a small set goes further."""
-    image = tf.image.random_flip_left_right(image)
-    padded = tf.pad(image, [[SHIFT_PIXELS, SHIFT_PIXELS], [SHIFT_PIXELS, SHIFT_PIXELS], [0, 0]])
-    return tf.image.random_crop(padded, tf.shape(image)), label
+def augment(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Mirrors and shifts each image of a batch a little: clothes stay clothes, a small set goes
+    further. Vectorised over the batch, so it costs next to nothing beside a training step."""
+    images = tf.image.random_flip_left_right(images)
+    padded = tf.pad(images, [[0, 0], [SHIFT_PIXELS, SHIFT_PIXELS], [SHIFT_PIXELS, SHIFT_PIXELS], [0, 0]])
+    offsets = tf.random.uniform([2, tf.shape(images)[0], 1], 0, 2 * SHIFT_PIXELS + 1, tf.int32)
+    window = tf.range(IMAGE_SIZE)[tf.newaxis, :]
+    rows = tf.gather(padded, offsets[0] + window, axis=1, batch_dims=1)
+    return tf.gather(rows, offsets[1] + window, axis=2, batch_dims=1), labels
 
 
 def training_dataset(split: Split, global_batch_size: int) -> tf.data.Dataset:
     """Endless shuffled, augmented batches of `global_batch_size`; each worker keeps its shard.
 
-    Repeating forever and stopping at a fixed steps_per_epoch gives every worker the same number
-    of steps, which synchronous all-reduce needs.
+    Shuffling and batching indices, then gathering whole batches, keeps per-image work out of
+    tf.data. Repeating forever and stopping at a fixed steps_per_epoch gives every worker the
+    same number of steps, which synchronous all-reduce needs.
     """
+    images, labels = tf.constant(split.images), tf.constant(split.labels)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return (
-        tf.data.Dataset.from_tensor_slices((split.images, split.labels))
-        .cache()
+        tf.data.Dataset.range(len(split))
         .shuffle(len(split), seed=SHUFFLE_SEED, reshuffle_each_iteration=True)
         .repeat()
-        .map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(global_batch_size, drop_remainder=True)
+        .map(lambda index: (tf.gather(images, index), tf.gather(labels, index)))
+        .map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
         .with_options(options)
     )

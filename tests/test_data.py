@@ -1,0 +1,57 @@
+"""The input pipeline: validation hold-out, augmentation, batching."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainer import data
+from trainer.fashion_mnist import Split
+
+
+def distinct_images(count: int) -> Split:
+    rng = np.random.default_rng(0)
+    return Split(rng.integers(1, 256, (count, 28, 28, 1), dtype=np.uint8),
+                 np.arange(count, dtype=np.uint8) % 10)
+
+
+def is_flip_or_shift_of(image: np.ndarray, source: np.ndarray) -> bool:
+    shift = data.SHIFT_PIXELS
+    for candidate in (source, source[:, ::-1]):
+        padded = np.pad(candidate, ((shift, shift), (shift, shift), (0, 0)))
+        for dy in range(2 * shift + 1):
+            for dx in range(2 * shift + 1):
+                if np.array_equal(padded[dy:dy + 28, dx:dx + 28], image):
+                    return True
+    return False
+
+
+def test_validation_holds_out_a_tenth_of_each_class_the_same_every_time():
+    train = distinct_images(500)
+    kept, held_out = data.split_validation(train)
+    again_kept, again_held_out = data.split_validation(train)
+
+    assert len(kept) == 450 and len(held_out) == 50
+    assert np.bincount(held_out.labels).tolist() == [5] * 10
+    np.testing.assert_array_equal(held_out.images, again_held_out.images)
+    kept_rows = {image.tobytes() for image in kept.images}
+    assert not any(image.tobytes() in kept_rows for image in held_out.images)
+
+
+def test_batches_are_flipped_or_shifted_images_with_their_own_labels():
+    split = distinct_images(10)  # one image per label
+    sources = dict(zip(split.labels.tolist(), split.images))
+
+    images, labels = next(iter(data.training_dataset(split, global_batch_size=8)))
+
+    assert images.shape == (8, 28, 28, 1) and images.dtype == np.uint8
+    assert len(set(labels.numpy().tolist())) == 8  # shuffled without repeats within an epoch
+    assert all(is_flip_or_shift_of(image, sources[int(label)])
+               for image, label in zip(images.numpy(), labels.numpy()))
+
+
+def test_augmentation_changes_images_but_keeps_them_recognisable():
+    split = distinct_images(64)
+    images, labels = next(iter(data.training_dataset(split, global_batch_size=64)))
+    originals = split.images[labels.numpy()]
+    changed = [not np.array_equal(a, b) for a, b in zip(images.numpy(), originals)]
+    assert sum(changed) > 32  # 1 in 50 draws is neither flipped nor shifted
