@@ -10,6 +10,9 @@ Signatures:
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -72,3 +75,16 @@ def save_for_serving(model: keras.Model, export_dir: str) -> None:
             PIXELS_SIGNATURE: module.serve_pixels,
         },
     )
+
+
+def predict_pixels(export_dir: Path, images: np.ndarray) -> np.ndarray:
+    """Class probabilities [N, 10] for uint8 images [N, 28, 28, 1], through the `pixels` signature."""
+    predict = tf.saved_model.load(str(export_dir)).signatures[PIXELS_SIGNATURE]
+    return predict(pixels=tf.constant(images, tf.float32))["probabilities"].numpy()
+
+
+def accuracy_and_loss(probabilities: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of predicted probabilities against true class ids."""
+    picked = probabilities[np.arange(len(labels)), labels]
+    accuracy = float(np.mean(probabilities.argmax(axis=1) == labels))
+    return accuracy, float(-np.mean(np.log(np.maximum(picked, 1e-7))))

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from trainer import cli, export, model_repository, report
 from trainer.fashion_mnist import NUM_CLASSES, DatasetError, Split, load_split
@@ -53,25 +52,17 @@ def candidate_name(export_dir: Path) -> str:
 
 def evaluate(export_dir: Path, test: Split) -> Evaluation:
     try:
-        loaded = tf.saved_model.load(str(export_dir))
-        predict = loaded.signatures[export.PIXELS_SIGNATURE]
+        probabilities = export.predict_pixels(export_dir, test.images)
     except (OSError, ValueError, KeyError) as error:
         raise CandidateError(
             f"{export_dir}: not a SavedModel with a '{export.PIXELS_SIGNATURE}' signature "
             f"({type(error).__name__})"
         ) from None
-    probabilities = predict(pixels=tf.constant(test.images, tf.float32))["probabilities"].numpy()
-    predicted = probabilities.argmax(axis=1)
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=int)
-    np.add.at(confusion, (test.labels, predicted), 1)
-    picked = probabilities[np.arange(len(test)), test.labels]
-    return Evaluation(
-        name=candidate_name(export_dir),
-        export_dir=export_dir,
-        accuracy=float(np.mean(predicted == test.labels)),
-        loss=float(-np.mean(np.log(np.maximum(picked, 1e-7)))),
-        confusion=confusion,
-    )
+    np.add.at(confusion, (test.labels, probabilities.argmax(axis=1)), 1)
+    accuracy, loss = export.accuracy_and_loss(probabilities, test.labels)
+    return Evaluation(name=candidate_name(export_dir), export_dir=export_dir, accuracy=accuracy,
+                      loss=loss, confusion=confusion)
 
 
 def best(evaluations: Sequence[Evaluation]) -> Evaluation:

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -134,15 +133,10 @@ def compiled_model(name: str, learning_rate: float) -> keras.Model:
 
 
 def evaluate_export(export_dir: Path, split: Split) -> dict[str, float]:
-    """Accuracy and loss of the exported SavedModel itself, through its `pixels` signature."""
-    predict = tf.saved_model.load(str(export_dir)).signatures[export.PIXELS_SIGNATURE]
-    probabilities = predict(pixels=tf.constant(split.images, tf.float32))["probabilities"].numpy()
-    picked = probabilities[np.arange(len(split)), split.labels]
-    return {
-        "accuracy": float(np.mean(probabilities.argmax(axis=1) == split.labels)),
-        "loss": float(-np.mean(np.log(np.maximum(picked, 1e-7)))),
-        "examples": len(split),
-    }
+    """Accuracy and loss of the exported SavedModel itself."""
+    probabilities = export.predict_pixels(export_dir, split.images)
+    accuracy, loss = export.accuracy_and_loss(probabilities, split.labels)
+    return {"accuracy": accuracy, "loss": loss, "examples": len(split)}
 
 
 def export_model(model: keras.Model, cluster: ClusterSpec, export_dir: Path,
