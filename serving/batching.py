@@ -22,13 +22,14 @@ class _Pending(Generic[Request, Result]):
 
 
 class DynamicBatcher(Generic[Request, Result]):
-    """`run` takes a list of requests and returns one result per request, in order."""
+    """`run` takes a list of requests and returns one result per request, in order;
+    `observe_batch` is told the number of instances of each model call."""
 
     def __init__(self, run: Callable[[Sequence[Request]], list[Result]], size_of: Callable[[Request], int],
-                 max_batch_size: int, max_wait_seconds: float):
-        self.run, self.size_of = run, size_of
+                 max_batch_size: int, max_wait_seconds: float,
+                 observe_batch: Callable[[int], None] = lambda size: None):
+        self.run, self.size_of, self.observe_batch = run, size_of, observe_batch
         self.max_batch_size, self.max_wait_seconds = max_batch_size, max_wait_seconds
-        self.batch_sizes: list[int] = []  # instances per model call, for tests and metrics
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
 
@@ -59,7 +60,7 @@ class DynamicBatcher(Generic[Request, Result]):
     async def _serve(self) -> None:
         while True:
             batch = await self._collect()
-            self.batch_sizes.append(sum(p.size for p in batch))
+            self.observe_batch(sum(p.size for p in batch))
             try:
                 results = await asyncio.to_thread(self.run, [p.request for p in batch])
             except Exception as error:  # every waiting request gets the model's error

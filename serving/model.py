@@ -3,9 +3,12 @@ newest version of the model repository, switched to while serving."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import datetime
 import logging
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +20,8 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from serving.batching import DynamicBatcher
 from serving.inputs import Batch, parse_v1, parse_v2
+from serving.metrics import BATCH_SIZE, MODEL_VERSION
+from serving.request_log import RequestLogger
 from trainer import model_repository
 
 VERSION_HEADER = "x-model-version"
@@ -51,11 +56,14 @@ class Prediction:
 
 class FashionMnistModel(Model):
     def __init__(self, name: str, repo: Path, max_batch_size: int = 32, max_wait_seconds: float = 0.005,
-                 poll_seconds: float = 2.0):
+                 poll_seconds: float = 2.0, request_logger: RequestLogger | None = None,
+                 log_payloads: bool = False):
         super().__init__(name, return_response_headers=True)
         self.repo, self.poll_seconds = repo, poll_seconds
+        self.request_logger, self.log_payloads = request_logger, log_payloads
         self.current: LoadedVersion | None = None
-        self.batcher = DynamicBatcher(self._run_batches, len, max_batch_size, max_wait_seconds)
+        self.batcher = DynamicBatcher(self._run_batches, len, max_batch_size, max_wait_seconds,
+                                      observe_batch=BATCH_SIZE.observe)
         self._stop = threading.Event()
 
     # --- versions -------------------------------------------------------------------------------
@@ -73,6 +81,7 @@ class FashionMnistModel(Model):
         if latest is not None and (self.current is None or latest > self.current.number):
             # Requests keep using the old version until this one assignment swaps them over.
             self.current = load_version(self.repo, self.name, latest)
+            MODEL_VERSION.labels(self.name).set(latest)
             logger.info("serving %s version %d", self.name, latest)
         return self.current is not None
 
@@ -109,13 +118,43 @@ class FashionMnistModel(Model):
 
     async def predict(self, payload: dict | InferRequest, headers: dict[str, str] | None = None,
                       response_headers: dict[str, str] | None = None) -> dict | InferResponse:
+        started = time.perf_counter()
         is_v2 = isinstance(payload, InferRequest)
-        prediction = await self.batcher.submit(parse_v2(payload) if is_v2 else parse_v1(payload))
+        batch = parse_v2(payload) if is_v2 else parse_v1(payload)
+        prediction = await self.batcher.submit(batch)
         if response_headers is not None:
             response_headers[VERSION_HEADER] = str(prediction.version)
+        request_id = ((payload.id if is_v2 else None) or (headers or {}).get("x-request-id")
+                      or str(uuid.uuid4()))
+        if self.request_logger is not None:
+            self.request_logger.log(self._log_entry(request_id, "v2" if is_v2 else "v1", batch, prediction,
+                                                    time.perf_counter() - started))
         if is_v2:
-            return v2_response(payload, self.name, prediction)
+            return v2_response(request_id, self.name, prediction)
         return v1_response(prediction)
+
+    def _log_entry(self, request_id: str, protocol: str, batch: Batch, prediction: Prediction,
+                   seconds: float) -> dict:
+        outputs = prediction.outputs
+        entry = {
+            "id": request_id,
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "model": self.name,
+            "model_version": prediction.version,
+            "protocol": protocol,
+            "latency_ms": round(seconds * 1000, 3),
+            "instances": len(batch),
+            "input_bytes": (sum(map(len, batch.encoded)) if batch.encoded is not None
+                            else int(batch.pixels.size)),
+            "response": {"predictions": [
+                {"class_id": int(i), "class_name": n.decode(), "confidence": float(p.max())}
+                for i, n, p in zip(outputs["class_id"], outputs["class_name"], outputs["probabilities"])
+            ]},
+        }
+        if self.log_payloads:
+            entry["payload"] = ([base64.b64encode(x).decode() for x in batch.encoded]
+                                if batch.encoded is not None else batch.pixels[..., 0].tolist())
+        return entry
 
 
 def v1_response(prediction: Prediction) -> dict:
@@ -127,7 +166,7 @@ def v1_response(prediction: Prediction) -> dict:
     ], "model_version": prediction.version}
 
 
-def v2_response(request: InferRequest, model_name: str, prediction: Prediction) -> InferResponse:
+def v2_response(request_id: str, model_name: str, prediction: Prediction) -> InferResponse:
     outputs = prediction.outputs
     count = len(outputs["class_id"])
     infer_outputs = [
@@ -135,5 +174,5 @@ def v2_response(request: InferRequest, model_name: str, prediction: Prediction) 
         InferOutput("class_id", [count], "INT32", outputs["class_id"].tolist()),
         InferOutput("class_name", [count], "BYTES", [name.decode() for name in outputs["class_name"]]),
     ]
-    return InferResponse(response_id=request.id or str(uuid.uuid4()), model_name=model_name,
+    return InferResponse(response_id=request_id, model_name=model_name,
                          model_version=str(prediction.version), infer_outputs=infer_outputs)

@@ -18,14 +18,16 @@ def doubling(calls: list[list[int]]):
 
 def test_concurrent_requests_share_model_calls_and_get_their_own_results():
     calls: list[list[int]] = []
-    batcher = DynamicBatcher(doubling(calls), size_of=lambda r: 1, max_batch_size=8, max_wait_seconds=0.05)
+    sizes: list[int] = []
+    batcher = DynamicBatcher(doubling(calls), size_of=lambda r: 1, max_batch_size=8, max_wait_seconds=0.05,
+                             observe_batch=sizes.append)
 
     async def main():
         return await asyncio.gather(*[batcher.submit(i) for i in range(20)])
 
     assert asyncio.run(main()) == [i * 2 for i in range(20)]
     assert len(calls) < 20 and max(len(c) for c in calls) == 8
-    assert batcher.batch_sizes == [len(c) for c in calls]
+    assert sizes == [len(c) for c in calls]
 
 
 def test_a_lone_request_waits_at_most_max_wait():
@@ -60,11 +62,12 @@ def test_a_model_error_reaches_every_request_of_the_batch_and_the_next_batch_wor
 
 
 def test_batches_count_instances_not_requests():
+    sizes: list[int] = []
     batcher = DynamicBatcher(lambda requests: list(requests), size_of=len, max_batch_size=8,
-                             max_wait_seconds=0.05)
+                             max_wait_seconds=0.05, observe_batch=sizes.append)
 
     async def main():
         return await asyncio.gather(*[batcher.submit([0] * 5) for _ in range(3)])
 
     asyncio.run(main())
-    assert batcher.batch_sizes == [10, 5]
+    assert sizes == [10, 5]

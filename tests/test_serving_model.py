@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
+from prometheus_client import REGISTRY
 
 from trainer import fashion_mnist
 
@@ -162,13 +163,19 @@ def test_bad_v2_input_is_a_400(served):
 def test_concurrent_requests_are_merged_into_batches(served, images):
     model, client = served
     body = {"instances": [images.images[0][..., 0].tolist()]}
-    before = len(model.batcher.batch_sizes)
+    calls_before, instances_before = batch_metrics()
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         responses = list(pool.map(lambda _: client.post(f"/v1/models/{MODEL}:predict", json=body),
                                   range(12)))
     assert [r.status_code for r in responses] == [200] * 12
-    sizes = model.batcher.batch_sizes[before:]
-    assert sum(sizes) == 12 and max(sizes) > 1
+    calls, instances = batch_metrics()
+    assert instances - instances_before == 12
+    assert calls - calls_before < 12  # some model calls served several requests
+
+
+def batch_metrics() -> tuple[float, float]:
+    return (REGISTRY.get_sample_value("dist_ml_batch_size_count"),
+            REGISTRY.get_sample_value("dist_ml_batch_size_sum"))
 
 
 def test_a_newly_published_version_is_picked_up(served, repo, images):

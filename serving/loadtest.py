@@ -1,0 +1,188 @@
+"""A bounded load test of the model server, like `hey` (which the original designs use).
+
+    python -m serving.loadtest --url URL --concurrency C (--duration S | --requests N)
+        [--images DIR] [--protocol v1|v2] [--model-name fmnist] [--plot FILE.png]
+        [--max-error-rate R]
+
+C workers send one image per request, round robin over DIR's PNG and JPEG files (default: a few
+generated images), to the given URL only, until S seconds or N requests. Prints requests per
+second, latency p50/p90/p99/max, counts by status and a latency histogram; exits non-zero when the
+error rate exceeds --max-error-rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import itertools
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import requests
+from PIL import Image
+
+from serving.client import DEFAULT_URL, inference_request
+from trainer import cli
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+HISTOGRAM_BINS = 10
+HISTOGRAM_WIDTH = 40
+REQUEST_TIMEOUT_SECONDS = 30
+
+
+class TooManyErrors(RuntimeError):
+    """The error rate exceeded --max-error-rate."""
+
+
+@dataclasses.dataclass
+class Report:
+    seconds: float
+    latencies: list[float]  # of every request, successful or not, in seconds
+    statuses: Counter  # HTTP status, or the exception's name when there was no response
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def error_rate(self) -> float:
+        return 1 - self.statuses.get(200, 0) / self.requests if self.requests else 0.0
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) if self.latencies else 0.0
+
+    def summary(self) -> str:
+        lines = [
+            f"requests: {self.requests} in {self.seconds:.2f}s, {self.requests_per_second:.1f} requests/s",
+            "latency: " + ", ".join(f"p{q} {self.percentile(q) * 1000:.1f} ms" for q in (50, 90, 99))
+            + f", max {max(self.latencies, default=0) * 1000:.1f} ms",
+            "status: " + ", ".join(f"{status}: {count}" for status, count in sorted(
+                self.statuses.items(), key=lambda item: str(item[0]))),
+            f"error rate: {self.error_rate:.2%}",
+            "latency histogram (ms):",
+        ]
+        if self.latencies:
+            counts, edges = np.histogram(np.array(self.latencies) * 1000, bins=HISTOGRAM_BINS)
+            for count, low, high in zip(counts, edges, edges[1:]):
+                bar = "#" * round(HISTOGRAM_WIDTH * count / counts.max())
+                lines.append(f"  {low:8.1f} - {high:8.1f} | {bar} {count}")
+        return "\n".join(lines)
+
+    def plot(self, path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axes = plt.subplots(figsize=(8, 4.5))
+        axes.hist(np.array(self.latencies) * 1000, bins=50, color="tab:blue")
+        for q, style in ((50, "-"), (90, "--"), (99, ":")):
+            axes.axvline(self.percentile(q) * 1000, color="black", linestyle=style, label=f"p{q}")
+        axes.set_xlabel("latency (ms)")
+        axes.set_ylabel("requests")
+        axes.set_title(f"{self.requests} requests, {self.requests_per_second:.1f}/s, "
+                       f"errors {self.error_rate:.1%}")
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+
+
+def generated_images(count: int = 8) -> list[bytes]:
+    """Grey PNGs of simple shapes, for when no image directory is given."""
+    images = []
+    for index in range(count):
+        pixels = np.zeros((28, 28), np.uint8)
+        pixels[4 + index:24, 6:22 - index] = 40 + 25 * index
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="PNG")
+        images.append(buffer.getvalue())
+    return images
+
+
+def read_images(directory: Path) -> list[bytes]:
+    paths = sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise cli.UsageError(f"{directory}: holds no PNG or JPEG files")
+    return [path.read_bytes() for path in paths]
+
+
+def run_load(url: str, images: Sequence[bytes], concurrency: int, protocol: str = "v1",
+             model_name: str = "fmnist", duration: float | None = None,
+             total_requests: int | None = None) -> Report:
+    """Sends requests from `concurrency` threads until `duration` seconds or `total_requests`."""
+    if duration is None and total_requests is None:
+        raise ValueError("a load test needs a duration or a number of requests")
+    bodies = [inference_request([image], protocol, model_name) for image in images]
+    tickets = itertools.count()
+    lock = threading.Lock()
+    latencies: list[float] = []
+    statuses: Counter = Counter()
+    started = time.perf_counter()
+    deadline = started + duration if duration is not None else float("inf")
+
+    def worker() -> None:
+        session = requests.Session()
+        while time.perf_counter() < deadline:
+            ticket = next(tickets)
+            if total_requests is not None and ticket >= total_requests:
+                return
+            path, body = bodies[ticket % len(bodies)]
+            sent = time.perf_counter()
+            try:
+                status = session.post(url.rstrip("/") + path, json=body,
+                                      timeout=REQUEST_TIMEOUT_SECONDS).status_code
+            except requests.RequestException as error:
+                status = type(error).__name__
+            with lock:
+                latencies.append(time.perf_counter() - sent)
+                statuses[status] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return Report(time.perf_counter() - started, latencies, statuses)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = cli.OneLineParser(prog="serving.loadtest", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=DEFAULT_URL, help="the server's base URL")
+    parser.add_argument("--concurrency", type=cli.positive_int, required=True)
+    bound = parser.add_mutually_exclusive_group(required=True)
+    bound.add_argument("--duration", type=cli.positive_float, help="seconds")
+    bound.add_argument("--requests", type=cli.positive_int)
+    parser.add_argument("--images", type=Path, help="a directory of PNG or JPEG files")
+    parser.add_argument("--protocol", choices=("v1", "v2"), default="v1")
+    parser.add_argument("--model-name", default="fmnist")
+    parser.add_argument("--plot", type=Path, help="also draw the latency histogram as a PNG")
+    parser.add_argument("--max-error-rate", type=float, default=0.0)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    images = read_images(args.images) if args.images else generated_images()
+    report = run_load(args.url, images, args.concurrency, args.protocol, args.model_name,
+                      args.duration, args.requests)
+    print(report.summary(), flush=True)
+    if args.plot:
+        report.plot(args.plot)
+        print(f"latency histogram: {args.plot}")
+    if report.error_rate > args.max_error_rate:
+        raise TooManyErrors(f"error rate {report.error_rate:.2%} is over --max-error-rate "
+                            f"{args.max_error_rate:.2%}")
+
+
+if __name__ == "__main__":
+    cli.run("serving.loadtest", main, expected=(TooManyErrors,))

@@ -1,0 +1,110 @@
+"""The model server: KServe's v1 and v2 protocols for the newest published version of a model.
+
+    python -m serving.server --model-repo REPO --model-name fmnist [--http-port 8080] [--grpc-port 8081]
+        [--max-batch-size 32] [--max-batch-wait-ms 5] [--log-file FILE | --log-url URL]
+
+Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService.
+Concurrent requests are batched; a newer version published under REPO/<model-name>/ is served
+once loaded; bodies over --max-body-bytes get a 413; /metrics is Prometheus; SIGTERM lets
+in-flight requests finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+from typing import Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from kserve import ModelServer
+from kserve.model_server import app
+
+from serving.metrics import ERRORS, LATENCY, REQUESTS, error_kind
+from serving.model import FashionMnistModel
+from serving.request_log import RequestLogger, cloudevents_sink, file_sink
+from trainer import cli
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/[^/]+:predict$"),
+                   "v2": re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")}
+
+
+def protocol_of(path: str) -> str | None:
+    return next((name for name, pattern in INFERENCE_PATHS.items() if pattern.match(path)), None)
+
+
+def add_http_middleware(application: FastAPI, max_body_bytes: int) -> None:
+    """The body size limit, and request count, latency and errors by protocol and status."""
+
+    @application.middleware("http")
+    async def limit_and_measure(request: Request, call_next):
+        protocol = protocol_of(request.url.path)
+        if protocol is None:
+            return await call_next(request)
+        started = time.perf_counter()
+        response = await reject_large_body(request, max_body_bytes) or await call_next(request)
+        status = str(response.status_code)
+        REQUESTS.labels(protocol, status).inc()
+        LATENCY.labels(protocol, status).observe(time.perf_counter() - started)
+        if kind := error_kind(response.status_code):
+            ERRORS.labels(kind).inc()
+        return response
+
+
+async def reject_large_body(request: Request, max_body_bytes: int) -> JSONResponse | None:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():
+        size = int(declared)
+        if size > max_body_bytes:
+            async for _ in request.stream():  # drained, unkept: the client reads a 413, not a reset
+                pass
+    else:  # chunked, size unknown: read it whole; Starlette replays it to the endpoint
+        size = len(await request.body())
+    if size > max_body_bytes:
+        return JSONResponse({"error": f"request body of {size} bytes is over the limit of "
+                                      f"{max_body_bytes} bytes"}, status_code=413)
+    return None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = cli.OneLineParser(prog="serving.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-repo", type=Path, required=True)
+    parser.add_argument("--model-name", default="fmnist")
+    parser.add_argument("--http-port", type=int, default=8080)
+    parser.add_argument("--grpc-port", type=int, default=8081, help="0 turns gRPC off")
+    parser.add_argument("--max-batch-size", type=cli.positive_int, default=32)
+    parser.add_argument("--max-batch-wait-ms", type=float, default=5.0)
+    parser.add_argument("--poll-seconds", type=cli.positive_float, default=2.0,
+                        help="how often to look for a newer version")
+    parser.add_argument("--max-body-bytes", type=cli.positive_int, default=DEFAULT_MAX_BODY_BYTES)
+    sinks = parser.add_mutually_exclusive_group()
+    sinks.add_argument("--log-file", type=Path, help="append each request and response as a JSON line")
+    sinks.add_argument("--log-url", help="post each request and response as CloudEvents")
+    parser.add_argument("--log-payloads", action="store_true", help="also log the raw inputs")
+    return parser.parse_args(argv)
+
+
+def request_logger(args: argparse.Namespace) -> RequestLogger | None:
+    if args.log_file:
+        return RequestLogger(file_sink(args.log_file))
+    if args.log_url:
+        return RequestLogger(cloudevents_sink(args.log_url))
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    model = FashionMnistModel(args.model_name, args.model_repo, args.max_batch_size,
+                              args.max_batch_wait_ms / 1000, args.poll_seconds,
+                              request_logger(args), args.log_payloads)
+    model.load()
+    add_http_middleware(app, args.max_body_bytes)
+    ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
+                enable_grpc=args.grpc_port != 0, workers=1).start([model])
+
+
+if __name__ == "__main__":
+    cli.run("serving.server", main, expected=(FileNotFoundError,))

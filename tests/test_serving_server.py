@@ -1,0 +1,254 @@
+"""The server as users run it (a process on 127.0.0.1), with the client, load test and logger sink."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from conftest import REPO_ROOT, run_module
+from PIL import Image
+
+from serving.client import inference_request
+from trainer import fashion_mnist
+from trainer.cluster import free_ports
+
+MODEL = "fmnist"
+STARTUP_SECONDS = 90
+
+
+@pytest.fixture(scope="module")
+def repo(two_worker_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("served-models")
+    shutil.copytree(two_worker_export, repo / MODEL / "1")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def image_dir(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    test = fashion_mnist.load_split(data_dir, "test")
+    directory = tmp_path_factory.mktemp("images")
+    for index, pixels in enumerate(test.images[:5]):
+        Image.fromarray(pixels[..., 0]).save(directory / f"image-{index}.png")
+    return directory
+
+
+def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}/v1/models/{MODEL}", timeout=1).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"server not ready in {STARTUP_SECONDS}s: {log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def running(module: str, *args: str, log: Path, ready_url: str | None = None):
+    with open(log, "w") as log_file:
+        process = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=REPO_ROOT,
+                                   stdout=log_file, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        if ready_url:
+            wait_until_ready(ready_url, process, log)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextlib.contextmanager
+def model_server(repo: Path, log: Path, *extra: str):
+    port = free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    with running("serving.server", "--model-repo", repo, "--model-name", MODEL, "--http-port", port,
+                 "--grpc-port", "0", *extra, log=log, ready_url=url) as process:
+        yield url, process
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("server")
+    with model_server(repo, work / "server.log", "--log-file", work / "requests.jsonl",
+                      "--max-body-bytes", "100000") as (url, _):
+        yield url, work / "requests.jsonl"
+
+
+def png_body(image_dir: Path, protocol: str = "v1") -> tuple[str, dict]:
+    return inference_request([(image_dir / "image-0.png").read_bytes()], protocol, MODEL)
+
+
+def test_client_prints_class_and_confidence_per_image(server, image_dir):
+    url, _ = server
+    images = sorted(image_dir.iterdir())
+    for protocol in ("v1", "v2"):
+        result = run_module("serving.client", "predict", *images, "--url", url, "--protocol", protocol)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.strip().splitlines()
+        assert len(lines) == len(images)
+        assert all(line.startswith(f"{path}: ") and line.endswith("%)") for line, path in zip(lines, images))
+
+
+def test_client_fails_with_the_servers_message(server, tmp_path):
+    url, _ = server
+    bogus = tmp_path / "bogus.png"
+    bogus.write_text("not an image")
+    result = run_module("serving.client", "predict", bogus, "--url", url)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "serving.client: error: 400 from http://127.0.0.1:")
+    assert "not a readable PNG or JPEG image" in result.stderr
+
+
+def test_loadtest_reports_zero_errors_for_valid_input(server, image_dir, tmp_path):
+    url, _ = server
+    plot = tmp_path / "latency.png"
+    result = run_module("serving.loadtest", "--url", url, "--concurrency", "4", "--requests", "40",
+                        "--images", image_dir, "--plot", plot)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "requests: 40 in" in result.stdout
+    assert "status: 200: 40" in result.stdout and "error rate: 0.00%" in result.stdout
+    assert "p50" in result.stdout and "p99" in result.stdout and "latency histogram" in result.stdout
+    assert Image.open(plot).size[0] > 0
+
+
+def test_loadtest_fails_over_the_error_rate(server, tmp_path):
+    url, _ = server
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "broken.png").write_bytes(b"\x89PNG broken")
+    result = run_module("serving.loadtest", "--url", url, "--concurrency", "2", "--requests", "6",
+                        "--images", bad)
+    assert result.returncode == 1
+    assert "status: 400: 6" in result.stdout
+    assert result.stderr.strip().splitlines()[-1].startswith("serving.loadtest: error: error rate 100.00%")
+
+
+def test_every_request_is_logged_with_its_id(server, image_dir):
+    url, log_file = server
+    path, body = png_body(image_dir)
+    ids = [f"request-{i}" for i in range(5)]
+    for request_id in ids:
+        assert requests.post(url + path, json=body, headers={"x-request-id": request_id}).status_code == 200
+    deadline = time.monotonic() + 10
+    while True:
+        entries = [json.loads(line) for line in log_file.read_text().splitlines()]
+        logged = [e for e in entries if e["id"] in ids]
+        if len(logged) == len(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert [e["id"] for e in logged] == ids
+    entry = logged[0]
+    assert entry["model_version"] == 1 and entry["instances"] == 1 and entry["input_bytes"] > 0
+    assert entry["response"]["predictions"][0]["class_name"] in fashion_mnist.CLASS_NAMES
+    assert entry["latency_ms"] > 0 and "payload" not in entry
+
+
+def test_a_body_over_the_limit_is_a_413_and_the_next_request_succeeds(server, image_dir):
+    url, _ = server
+    path, body = png_body(image_dir)
+    too_big = {"instances": [{"b64": "A" * 200_000}]}
+    response = requests.post(url + path, json=too_big)
+    assert response.status_code == 413
+    assert "over the limit of 100000 bytes" in response.json()["error"]
+    assert requests.post(url + path, json=body).status_code == 200
+
+
+def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir):
+    url, _ = server
+    path, body = png_body(image_dir, "v2")
+    assert requests.post(url + path, json=body).status_code == 200
+    requests.post(url + path, json={"inputs": []})
+    metrics = requests.get(f"{url}/metrics").text
+    assert 'dist_ml_requests_total{protocol="v2",status="200"}' in metrics
+    assert 'dist_ml_request_seconds_bucket{le="0.1",protocol="v2",status="200"}' in metrics
+    assert "dist_ml_batch_size_count" in metrics
+    assert 'dist_ml_errors_total{kind="invalid_input"}' in metrics
+    assert 'dist_ml_model_version{model="fmnist"} 1.0' in metrics
+
+
+def test_a_dead_log_sink_neither_fails_nor_slows_predictions(repo, image_dir, tmp_path):
+    dead_sink = f"http://127.0.0.1:{free_ports(1)[0]}/"
+    with model_server(repo, tmp_path / "server.log", "--log-url", dead_sink) as (url, _):
+        path, body = png_body(image_dir)
+        requests.post(url + path, json=body)  # warm-up: the first call traces the model
+        latencies = []
+        for _ in range(20):
+            started = time.perf_counter()
+            assert requests.post(url + path, json=body).status_code == 200
+            latencies.append(time.perf_counter() - started)
+        assert np.median(latencies) < 0.5
+        deadline = time.monotonic() + 15
+        while "dist_ml_log_entries_dropped_total 2" not in requests.get(f"{url}/metrics").text:
+            assert time.monotonic() < deadline, "dropped log entries were not counted"
+            time.sleep(0.2)
+
+
+def test_the_logger_sink_receives_request_and_response_events(repo, image_dir, tmp_path):
+    sink_port = free_ports(1)[0]
+    events_file = tmp_path / "events.jsonl"
+    with running("serving.logger", "--port", sink_port, "--out", events_file, "--host", "127.0.0.1",
+                 log=tmp_path / "logger.log"), \
+            model_server(repo, tmp_path / "server.log", "--log-url", f"http://127.0.0.1:{sink_port}/") \
+            as (url, _):
+        path, body = png_body(image_dir)
+        for i in range(3):
+            requests.post(url + path, json=body, headers={"x-request-id": f"r{i}"}).raise_for_status()
+        deadline = time.monotonic() + 15
+        while len(events_file.read_text().splitlines() if events_file.exists() else []) < 6:
+            assert time.monotonic() < deadline, (tmp_path / "logger.log").read_text()
+            time.sleep(0.1)
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert [(e["id"], e["type"].rsplit(".", 1)[1]) for e in events] == [
+        (f"r{i}", kind) for i in range(3) for kind in ("request", "response")]
+    assert events[1]["data"]["predictions"][0]["class_name"] in fashion_mnist.CLASS_NAMES
+
+
+def test_the_logger_sink_rejects_what_is_not_a_cloudevent(tmp_path):
+    port = free_ports(1)[0]
+    with running("serving.logger", "--port", port, "--out", tmp_path / "events.jsonl", "--host",
+                 "127.0.0.1", log=tmp_path / "logger.log"):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = requests.post(f"http://127.0.0.1:{port}/", data=b"{}",
+                                         headers={"content-type": "application/json"})
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    assert response.status_code == 400 and "not a CloudEvent" in response.json()["error"]
+    assert not (tmp_path / "events.jsonl").read_text()
+
+
+def test_sigterm_lets_in_flight_requests_finish(repo, image_dir, tmp_path):
+    with model_server(repo, tmp_path / "server.log", "--max-batch-wait-ms", "1500",
+                      "--max-batch-size", "64") as (url, process):
+        path, body = png_body(image_dir)
+        result: dict = {}
+        request = threading.Thread(target=lambda: result.update(
+            response=requests.post(url + path, json=body, timeout=30)))
+        request.start()
+        time.sleep(0.5)  # the request now waits in the batcher for its batch to fill
+        process.send_signal(signal.SIGTERM)
+        request.join(timeout=30)
+        assert result["response"].status_code == 200
+        assert process.wait(timeout=40) == 0
+
