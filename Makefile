@@ -13,7 +13,7 @@ BATCH_SIZE_PER_REPLICA ?= 16
 # DATA_SOURCE overrides both the official mirror and the fallback to the sample.
 INGEST_SOURCE = $(if $(DATA_SOURCE),--source $(DATA_SOURCE),--fallback-source $(SAMPLE_DIR))
 
-.PHONY: demo test bench bench-train lock clean
+.PHONY: demo test bench bench-train bench-serve lock clean
 
 $(INSTALLED): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,10 +36,13 @@ test: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
-bench: bench-train
+bench: bench-train bench-serve
 
 bench-train: $(INSTALLED)
 	$(PY) -m benchmarks.train_throughput
+
+bench-serve: $(INSTALLED)
+	$(PY) -m benchmarks.serve_throughput
 
 # Re-resolve the full lock from the direct pins in requirements.in.
 lock:
