@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,11 @@ def one_worker_export(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         "cnn_batchnorm", data_dir, work_dir, "--epochs", "1", "--steps-per-epoch", "3"))
     assert result.returncode == 0, result.stderr[-3000:]
     return work_dir / "export"
+
+
+@pytest.fixture(scope="module")
+def published_repo(two_worker_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository with `two_worker_export` as fmnist version 1; each test module its own."""
+    repo = tmp_path_factory.mktemp("models")
+    shutil.copytree(two_worker_export, repo / "fmnist" / "1")
+    return repo

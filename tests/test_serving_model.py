@@ -36,16 +36,10 @@ def png(pixels: np.ndarray) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def repo(two_worker_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("models")
-    shutil.copytree(two_worker_export, repo / MODEL / "1")
-    return repo
-
-
-@pytest.fixture(scope="module")
-def served(repo: Path):
+def served(published_repo: Path):
     """The model behind KServe's own REST application, in this process."""
-    model = FashionMnistModel(MODEL, repo, max_batch_size=16, max_wait_seconds=0.05, poll_seconds=0.2)
+    model = FashionMnistModel(MODEL, published_repo, max_batch_size=16, max_wait_seconds=0.05,
+                              poll_seconds=0.2)
     model.load()
     server = ModelServer(enable_grpc=False)
     server.register_model(model)
@@ -62,8 +56,8 @@ def images(data_dir: Path) -> fashion_mnist.Split:
 
 
 @pytest.fixture(scope="module")
-def expected(repo: Path, images) -> dict:
-    direct = tf.saved_model.load(str(repo / MODEL / "1")).signatures["pixels"]
+def expected(published_repo: Path, images) -> dict:
+    direct = tf.saved_model.load(str(published_repo / MODEL / "1")).signatures["pixels"]
     return {k: v.numpy() for k, v in direct(pixels=tf.constant(images.images, tf.float32)).items()}
 
 
@@ -178,9 +172,9 @@ def batch_metrics() -> tuple[float, float]:
             REGISTRY.get_sample_value("dist_ml_batch_size_sum"))
 
 
-def test_a_newly_published_version_is_picked_up(served, repo, images):
+def test_a_newly_published_version_is_picked_up(served, published_repo, images):
     _, client = served
-    shutil.copytree(repo / MODEL / "1", repo / MODEL / "2")
+    shutil.copytree(published_repo / MODEL / "1", published_repo / MODEL / "2")
     body = {"instances": [images.images[0][..., 0].tolist()]}
     deadline = time.monotonic() + 30
     while True:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,13 +24,6 @@ from trainer.cluster import free_ports
 
 MODEL = "fmnist"
 STARTUP_SECONDS = 90
-
-
-@pytest.fixture(scope="module")
-def repo(two_worker_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("served-models")
-    shutil.copytree(two_worker_export, repo / MODEL / "1")
-    return repo
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +67,18 @@ def running(module: str, *args: str, log: Path, ready_url: str | None = None):
 
 
 @contextlib.contextmanager
-def model_server(repo: Path, log: Path, *extra: str):
+def model_server(published_repo: Path, log: Path, *extra: str):
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
-    with running("serving.server", "--model-repo", repo, "--model-name", MODEL, "--http-port", port,
+    with running("serving.server", "--model-repo", published_repo, "--model-name", MODEL, "--http-port", port,
                  "--grpc-port", "0", *extra, log=log, ready_url=url) as process:
         yield url, process
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
+def server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("server")
-    with model_server(repo, work / "server.log", "--log-file", work / "requests.jsonl",
+    with model_server(published_repo, work / "server.log", "--log-file", work / "requests.jsonl",
                       "--max-body-bytes", "100000") as (url, _):
         yield url, work / "requests.jsonl"
 
@@ -184,9 +176,9 @@ def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir
     assert 'dist_ml_model_version{model="fmnist"} 1.0' in metrics
 
 
-def test_a_dead_log_sink_neither_fails_nor_slows_predictions(repo, image_dir, tmp_path):
+def test_a_dead_log_sink_neither_fails_nor_slows_predictions(published_repo, image_dir, tmp_path):
     dead_sink = f"http://127.0.0.1:{free_ports(1)[0]}/"
-    with model_server(repo, tmp_path / "server.log", "--log-url", dead_sink) as (url, _):
+    with model_server(published_repo, tmp_path / "server.log", "--log-url", dead_sink) as (url, _):
         path, body = png_body(image_dir)
         requests.post(url + path, json=body)  # warm-up: the first call traces the model
         latencies = []
@@ -201,13 +193,13 @@ def test_a_dead_log_sink_neither_fails_nor_slows_predictions(repo, image_dir, tm
             time.sleep(0.2)
 
 
-def test_the_logger_sink_receives_request_and_response_events(repo, image_dir, tmp_path):
+def test_the_logger_sink_receives_request_and_response_events(published_repo, image_dir, tmp_path):
     sink_port = free_ports(1)[0]
     events_file = tmp_path / "events.jsonl"
+    sink_url = f"http://127.0.0.1:{sink_port}/"
     with running("serving.logger", "--port", sink_port, "--out", events_file, "--host", "127.0.0.1",
                  log=tmp_path / "logger.log"), \
-            model_server(repo, tmp_path / "server.log", "--log-url", f"http://127.0.0.1:{sink_port}/") \
-            as (url, _):
+            model_server(published_repo, tmp_path / "server.log", "--log-url", sink_url) as (url, _):
         path, body = png_body(image_dir)
         for i in range(3):
             requests.post(url + path, json=body, headers={"x-request-id": f"r{i}"}).raise_for_status()
@@ -238,8 +230,8 @@ def test_the_logger_sink_rejects_what_is_not_a_cloudevent(tmp_path):
     assert not (tmp_path / "events.jsonl").read_text()
 
 
-def test_sigterm_lets_in_flight_requests_finish(repo, image_dir, tmp_path):
-    with model_server(repo, tmp_path / "server.log", "--max-batch-wait-ms", "1500",
+def test_sigterm_lets_in_flight_requests_finish(published_repo, image_dir, tmp_path):
+    with model_server(published_repo, tmp_path / "server.log", "--max-batch-wait-ms", "1500",
                       "--max-batch-size", "64") as (url, process):
         path, body = png_body(image_dir)
         result: dict = {}
