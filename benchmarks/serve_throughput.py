@@ -13,7 +13,6 @@ the sample first (throughput does not depend on how well it was trained).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import os
 import shutil
@@ -23,13 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
 import tensorflow as tf
 from PIL import Image
 
 from serving.loadtest import Report, run_load
+from serving.process import model_server
 from trainer import fashion_mnist, model_repository
-from trainer.cluster import free_ports
 from trainer.ingest import ingest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -72,30 +70,6 @@ def ceiling(repo: Path, images: list[bytes], seconds: float) -> float:
     return done / (time.perf_counter() - started)
 
 
-@contextlib.contextmanager
-def server(repo: Path, max_batch_size: int, log: Path):
-    port = free_ports(1)[0]
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "w") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "serving.server", "--model-repo", repo, "--model-name", MODEL,
-             "--http-port", str(port), "--grpc-port", "0", "--max-batch-size", str(max_batch_size)],
-            cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/v1/models/{MODEL}", timeout=1).status_code == 200:
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-
-
 def measure(url: str, images: list[bytes], concurrency: int, seconds: float) -> Report:
     run_load(url, images, concurrency, total_requests=2 * concurrency)  # warm up
     return run_load(url, images, concurrency, duration=seconds)
@@ -122,11 +96,11 @@ def main() -> None:
         print(f"(a) ceiling, in-process batches of {CEILING_BATCH}: {ceiling_rate:.1f} images/s")
         print(f"{'':<28} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'errors':>7}")
         ours = {}
-        with server(repo, 32, work / "server.log") as url:
+        with model_server(repo, MODEL, work / "server.log", "--max-batch-size", 32) as (url, _):
             for concurrency in CONCURRENCIES:
                 ours[concurrency] = measure(url, images, concurrency, args.seconds)
                 print(row(f"(b) server, concurrency {concurrency}", ours[concurrency]))
-        with server(repo, 1, work / "naive.log") as url:
+        with model_server(repo, MODEL, work / "naive.log", "--max-batch-size", 1) as (url, _):
             naive = measure(url, images, 32, args.seconds)
             print(row("(c) naive, concurrency 32", naive))
     finally:

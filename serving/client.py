@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -84,7 +83,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     for path, (class_name, confidence) in zip(args.images, predict(images, args.url, args.protocol,
                                                                    args.model_name)):
         print(f"{path}: {class_name} ({confidence:.1%})")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferRequest
 from PIL import Image, UnidentifiedImageError
 
-IMAGE_SIZE = 28
-MAX_PIXEL_VALUE = 255
+from trainer.fashion_mnist import IMAGE_SIZE, MAX_PIXEL_VALUE
+
 MAX_INSTANCES = 64
 MAX_IMAGE_PIXELS = 4096 * 4096  # width x height of one encoded image
 ALLOWED_FORMATS = ("PNG", "JPEG")

@@ -22,7 +22,8 @@ from serving.batching import DynamicBatcher
 from serving.inputs import Batch, parse_v1, parse_v2
 from serving.metrics import BATCH_SIZE, MODEL_VERSION
 from serving.request_log import RequestLogger
-from trainer import model_repository
+from trainer import export, model_repository
+from trainer.fashion_mnist import NUM_CLASSES
 
 VERSION_HEADER = "x-model-version"
 OUTPUTS = ("probabilities", "class_id", "class_name")
@@ -45,7 +46,8 @@ class LoadedVersion:
 
 def load_version(repo: Path, model_name: str, number: int) -> LoadedVersion:
     loaded = tf.saved_model.load(str(repo / model_name / str(number)))
-    return LoadedVersion(number, loaded.signatures["serving_default"], loaded.signatures["pixels"])
+    return LoadedVersion(number, loaded.signatures[export.SERVING_SIGNATURE],
+                         loaded.signatures[export.PIXELS_SIGNATURE])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +172,7 @@ def v2_response(request_id: str, model_name: str, prediction: Prediction) -> Inf
     outputs = prediction.outputs
     count = len(outputs["class_id"])
     infer_outputs = [
-        InferOutput("probabilities", [count, 10], "FP32", outputs["probabilities"].tolist()),
+        InferOutput("probabilities", [count, NUM_CLASSES], "FP32", outputs["probabilities"].tolist()),
         InferOutput("class_id", [count], "INT32", outputs["class_id"].tolist()),
         InferOutput("class_name", [count], "BYTES", [name.decode() for name in outputs["class_name"]]),
     ]

@@ -60,7 +60,6 @@ def cloudevents_sink(url: str) -> Sink:
 class RequestLogger:
     def __init__(self, sink: Sink, max_queued: int = MAX_QUEUED_ENTRIES):
         self.sink = sink
-        self.dropped = 0
         self._queue: queue.Queue[dict] = queue.Queue(max_queued)
         threading.Thread(target=self._drain, name="request-logger", daemon=True).start()
 
@@ -68,11 +67,7 @@ class RequestLogger:
         try:
             self._queue.put_nowait(entry)
         except queue.Full:
-            self._drop()
-
-    def _drop(self) -> None:
-        self.dropped += 1
-        LOG_ENTRIES_DROPPED.inc()
+            LOG_ENTRIES_DROPPED.inc()
 
     def _drain(self) -> None:
         while True:
@@ -80,11 +75,5 @@ class RequestLogger:
             try:
                 self.sink(entry)
             except Exception as error:  # a slow or dead sink costs log entries, nothing else
-                self._drop()
+                LOG_ENTRIES_DROPPED.inc()
                 logger.warning("request log entry %s dropped: %s", entry.get("id"), error)
-            finally:
-                self._queue.task_done()
-
-    def flush(self) -> None:
-        """Waits until every queued entry has been written or dropped (for tests and shutdown)."""
-        self._queue.join()

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import REPO_ROOT, run_module
+from conftest import run_module
 from PIL import Image
 
 from serving.client import inference_request
+from serving.process import model_server, start_module, stop
 from trainer import fashion_mnist
 from trainer.cluster import free_ports
 
 MODEL = "fmnist"
-STARTUP_SECONDS = 90
 
 
 @pytest.fixture(scope="module")
@@ -35,50 +32,19 @@ def image_dir(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        with contextlib.suppress(requests.RequestException):
-            if requests.get(f"{url}/v1/models/{MODEL}", timeout=1).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise AssertionError(f"server not ready in {STARTUP_SECONDS}s: {log.read_text()[-3000:]}")
-
-
 @contextlib.contextmanager
-def running(module: str, *args: str, log: Path, ready_url: str | None = None):
-    with open(log, "w") as log_file:
-        process = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=REPO_ROOT,
-                                   stdout=log_file, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def running(module: str, *args: object, log: Path):
+    process = start_module(module, *args, log=log)
     try:
-        if ready_url:
-            wait_until_ready(ready_url, process, log)
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-@contextlib.contextmanager
-def model_server(published_repo: Path, log: Path, *extra: str):
-    port = free_ports(1)[0]
-    url = f"http://127.0.0.1:{port}"
-    with running("serving.server", "--model-repo", published_repo, "--model-name", MODEL, "--http-port", port,
-                 "--grpc-port", "0", *extra, log=log, ready_url=url) as process:
-        yield url, process
+        stop(process)
 
 
 @pytest.fixture(scope="module")
 def server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("server")
-    with model_server(published_repo, work / "server.log", "--log-file", work / "requests.jsonl",
+    with model_server(published_repo, MODEL, work / "server.log", "--log-file", work / "requests.jsonl",
                       "--max-body-bytes", "100000") as (url, _):
         yield url, work / "requests.jsonl"
 
@@ -178,7 +144,7 @@ def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir
 
 def test_a_dead_log_sink_neither_fails_nor_slows_predictions(published_repo, image_dir, tmp_path):
     dead_sink = f"http://127.0.0.1:{free_ports(1)[0]}/"
-    with model_server(published_repo, tmp_path / "server.log", "--log-url", dead_sink) as (url, _):
+    with model_server(published_repo, MODEL, tmp_path / "server.log", "--log-url", dead_sink) as (url, _):
         path, body = png_body(image_dir)
         requests.post(url + path, json=body)  # warm-up: the first call traces the model
         latencies = []
@@ -199,7 +165,7 @@ def test_the_logger_sink_receives_request_and_response_events(published_repo, im
     sink_url = f"http://127.0.0.1:{sink_port}/"
     with running("serving.logger", "--port", sink_port, "--out", events_file, "--host", "127.0.0.1",
                  log=tmp_path / "logger.log"), \
-            model_server(published_repo, tmp_path / "server.log", "--log-url", sink_url) as (url, _):
+            model_server(published_repo, MODEL, tmp_path / "server.log", "--log-url", sink_url) as (url, _):
         path, body = png_body(image_dir)
         for i in range(3):
             requests.post(url + path, json=body, headers={"x-request-id": f"r{i}"}).raise_for_status()
@@ -231,7 +197,7 @@ def test_the_logger_sink_rejects_what_is_not_a_cloudevent(tmp_path):
 
 
 def test_sigterm_lets_in_flight_requests_finish(published_repo, image_dir, tmp_path):
-    with model_server(published_repo, tmp_path / "server.log", "--max-batch-wait-ms", "1500",
+    with model_server(published_repo, MODEL, tmp_path / "server.log", "--max-batch-wait-ms", "1500",
                       "--max-batch-size", "64") as (url, process):
         path, body = png_body(image_dir)
         result: dict = {}

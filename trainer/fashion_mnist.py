@@ -30,6 +30,7 @@ CLASS_NAMES = (
 )
 NUM_CLASSES = len(CLASS_NAMES)
 IMAGE_SIZE = 28
+MAX_PIXEL_VALUE = 255  # pixels are unsigned bytes
 
 IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
 LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension

@@ -11,10 +11,9 @@ from typing import Callable
 import tf_keras as keras
 from tf_keras import layers
 
-from trainer.fashion_mnist import IMAGE_SIZE, NUM_CLASSES
+from trainer.fashion_mnist import IMAGE_SIZE, MAX_PIXEL_VALUE, NUM_CLASSES
 
 INPUT_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, 1)
-MAX_PIXEL_VALUE = 255.0
 
 ModelBuilder = Callable[[], keras.Model]
 MODELS: dict[str, ModelBuilder] = {}
