@@ -1,4 +1,4 @@
 """One definition of ingest -> train -> select -> serve, run as local processes or rendered for Argo.
 
-Not built yet: see the pipeline issue. Imports neither Pulumi nor TensorFlow.
+Imports neither Pulumi nor TensorFlow: the Pulumi program renders the same definition.
 """

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import requests
 
@@ -61,15 +61,24 @@ def wait_until_ready(url: str, model_name: str, process: subprocess.Popen, log: 
 
 
 @contextlib.contextmanager
-def model_server(repo: Path, model_name: str, log: Path,
-                 *extra_args: object) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m serving.server` for `repo` on a free port without gRPC; yields (URL, process)."""
-    port = free_ports(1)[0]
+def running_server(server_args: Sequence[object], model_name: str, log: Path,
+                   port: int | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m serving.server *server_args` on `port` (default: a free one) without gRPC, until
+    the block ends; yields (URL, process) once the model is ready."""
+    port = port or free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
-    process = start_module("serving.server", "--model-repo", repo, "--model-name", model_name,
-                           "--http-port", port, "--grpc-port", 0, *extra_args, log=log)
+    process = start_module("serving.server", *server_args, "--http-port", port, "--grpc-port", 0, log=log)
     try:
         wait_until_ready(url, model_name, process, log)
         yield url, process
     finally:
         stop(process)
+
+
+@contextlib.contextmanager
+def model_server(repo: Path, model_name: str, log: Path,
+                 *extra_args: object) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The server for `repo` on a free port; yields (URL, process)."""
+    with running_server(["--model-repo", repo, "--model-name", model_name, *extra_args],
+                        model_name, log) as running:
+        yield running

@@ -80,3 +80,20 @@ def published_repo(two_worker_export: Path, tmp_path_factory: pytest.TempPathFac
     repo = tmp_path_factory.mktemp("models")
     shutil.copytree(two_worker_export, repo / "fmnist" / "1")
     return repo
+
+
+SCHEMAS_DIR = SHARED_DIR / "schemas"
+
+
+@pytest.fixture(scope="session")
+def validate_crd():
+    """validate(crd file, manifest) -> errors: the upstream CRDs of ../shared/schemas, strict fields."""
+    if not (SCHEMAS_DIR / "check_crd_schema.py").is_file():
+        pytest.skip(f"the upstream schemas are not at {SCHEMAS_DIR} (../shared is absent)")
+    sys.path.insert(0, str(SCHEMAS_DIR))
+    from check_crd_schema import validate_manifest
+
+    def validate(crd: str, manifest: dict) -> list[str]:
+        return validate_manifest(str(SCHEMAS_DIR / crd), manifest, strict=True)
+
+    return validate

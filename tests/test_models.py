@@ -7,10 +7,16 @@ import pytest
 import tf_keras as keras
 
 from trainer import models
+from trainer.variants import VARIANTS
 
 
-def test_registry_holds_the_three_variants():
-    assert {"cnn", "cnn_dropout", "cnn_batchnorm"} <= set(models.MODELS)
+def test_registry_holds_exactly_the_variants_the_pipeline_validates_against():
+    assert set(models.MODELS) == set(VARIANTS) == {"cnn", "cnn_dropout", "cnn_batchnorm"}
+
+
+def test_a_builder_for_an_undeclared_variant_is_refused():
+    with pytest.raises(ValueError, match="trainer.variants.VARIANTS"):
+        models.register("cnn_unlisted")
 
 
 @pytest.mark.parametrize("name", ["cnn", "cnn_dropout", "cnn_batchnorm"])
@@ -28,8 +34,9 @@ def test_cnn_batchnorm_normalises_both_conv_blocks():
     assert kinds.count("Conv2D") == 3
 
 
-def test_a_fourth_variant_is_one_registered_function(monkeypatch):
+def test_a_fourth_variant_is_its_name_and_one_registered_function(monkeypatch):
     monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    monkeypatch.setattr(models, "VARIANTS", (*VARIANTS, "tiny"))
 
     @models.register("tiny")
     def tiny() -> keras.Model:

@@ -43,19 +43,29 @@ class Worker:
             return "(no log)"
 
 
-def start_workers(train_args: Sequence[str], num_workers: int, log_dir: Path) -> list[Worker]:
+def start_replicas(argv: Sequence[str], replicas: int, log_dir: Path, distributed: bool) -> list[Worker]:
+    """`replicas` copies of `argv`, logging to DIR/worker-<i>.log (appended to, across restarts).
+
+    Distributed replicas get a TF_CONFIG naming all of them on free ports; the others get none.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
+    tf_configs = local_tf_configs(replicas) if distributed else [None] * replicas
     workers = []
-    for index, tf_config in enumerate(local_tf_configs(num_workers)):
+    for index, tf_config in enumerate(tf_configs):
+        env = {key: value for key, value in os.environ.items() if key != TF_CONFIG}
+        if tf_config is not None:
+            env[TF_CONFIG] = tf_config
         log_path = log_dir / f"worker-{index}.log"
         with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "trainer.train", *train_args],
-                env={**os.environ, TF_CONFIG: tf_config, "PYTHONUNBUFFERED": "1"},
-                stdout=log_file, stderr=subprocess.STDOUT,
-            )
+            process = subprocess.Popen(list(argv), env={**env, "PYTHONUNBUFFERED": "1"},
+                                       stdout=log_file, stderr=subprocess.STDOUT)
         workers.append(Worker(index, process, log_path))
     return workers
+
+
+def start_workers(train_args: Sequence[str], num_workers: int, log_dir: Path) -> list[Worker]:
+    return start_replicas([sys.executable, "-m", "trainer.train", *train_args], num_workers, log_dir,
+                          distributed=True)
 
 
 def stop_workers(workers: Sequence[Worker]) -> None:
@@ -70,20 +80,26 @@ def stop_workers(workers: Sequence[Worker]) -> None:
             worker.process.wait()
 
 
+def first_failure(workers: Sequence[Worker]) -> Worker | None:
+    return next((w for w in workers if w.process.poll() not in (None, 0)), None)
+
+
+def all_succeeded(workers: Sequence[Worker]) -> bool:
+    return all(worker.process.poll() == 0 for worker in workers)
+
+
+def describe_failure(worker: Worker) -> str:
+    return (f"worker {worker.index} exited with status {worker.process.returncode}; "
+            f"the end of {worker.log_path}:\n{worker.log_tail()}")
+
+
 def wait_for_workers(workers: Sequence[Worker]) -> None:
     """Returns when every worker has succeeded; raises WorkerFailed at the first failure."""
     try:
-        while True:
-            codes = [worker.process.poll() for worker in workers]
-            failed = [w for w, code in zip(workers, codes) if code not in (None, 0)]
-            if failed:
-                worker = failed[0]
-                raise WorkerFailed(
-                    f"worker {worker.index} exited with status {worker.process.returncode}; "
-                    f"the end of {worker.log_path}:\n{worker.log_tail()}"
-                )
-            if all(code == 0 for code in codes):
-                return
+        while not all_succeeded(workers):
+            failed = first_failure(workers)
+            if failed is not None:
+                raise WorkerFailed(describe_failure(failed))
             time.sleep(POLL_SECONDS)
     finally:
         stop_workers(workers)

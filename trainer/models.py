@@ -1,4 +1,5 @@
-"""The CNN variants, as a registry of named builders: a new variant is one decorated function.
+"""The CNN variants, as a registry of named builders: a new variant is its name in
+`trainer.variants.VARIANTS` (which the pipeline reads without TensorFlow) and one decorated function.
 
 Every model takes raw pixels (0-255, shape [28, 28, 1]) and scales them itself, so that training,
 evaluation and serving cannot disagree on preprocessing. Every model returns logits.
@@ -12,6 +13,7 @@ import tf_keras as keras
 from tf_keras import layers
 
 from trainer.fashion_mnist import IMAGE_SIZE, MAX_PIXEL_VALUE, NUM_CLASSES
+from trainer.variants import VARIANTS
 
 INPUT_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, 1)
 
@@ -20,6 +22,9 @@ MODELS: dict[str, ModelBuilder] = {}
 
 
 def register(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
+    if name not in VARIANTS:
+        raise ValueError(f"variant {name!r} is not in trainer.variants.VARIANTS; add it there first")
+
     def add(builder: ModelBuilder) -> ModelBuilder:
         MODELS[name] = builder
         return builder

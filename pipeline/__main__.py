@@ -1,0 +1,92 @@
+"""The pipeline's command line.
+
+    python -m pipeline run [--config FILE] [--data-source SRC] [--fallback-source SRC]
+        [--variants V...] [--workers N] [--epochs N] [--steps-per-epoch N]
+        [--batch-size-per-replica B] [--storage-root DIR] [--parallelism P] [--serve]
+    python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
+
+`run` is the local engine (processes on this machine); `render` writes the Argo WorkflowTemplate and
+Workflow that run the same steps on Kubernetes. Flags override the config file's `pipeline` keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+from pipeline import argo
+from pipeline.config import ConfigError, load_config
+from pipeline.local import StepFailed, run_pipeline
+from pipeline.manifests import DEFAULT_ARGO_VERSION, ClusterTarget
+from serving.process import ServerFailed
+from trainer import cli
+
+# Flag -> config key: the flags are spelled like the trainer's, the keys like the stack config's.
+OVERRIDES = {
+    "data_source": "dataSource", "fallback_source": "fallbackDataSource", "variants": "variants",
+    "workers": "workers", "epochs": "epochs", "steps_per_epoch": "stepsPerEpoch",
+    "batch_size_per_replica": "batchSizePerReplica", "storage_root": "storageRoot",
+    "parallelism": "parallelism", "retries": "retries",
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = cli.OneLineParser(prog="pipeline", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run every step as local processes")
+    run.add_argument("--config", type=Path, help="YAML with 'pipeline' and 'serving' sections")
+    run.add_argument("--data-source")
+    run.add_argument("--fallback-source", help="used only when the data source is unreachable")
+    run.add_argument("--variants", nargs="+")
+    # Numbers stay text here so that the config parser judges them, naming the config key.
+    for flag in ("--workers", "--epochs", "--steps-per-epoch", "--batch-size-per-replica",
+                 "--parallelism", "--retries"):
+        run.add_argument(flag, type=int)
+    run.add_argument("--storage-root", help="where data, checkpoints, exports, models and logs go")
+    run.add_argument("--serve", action="store_true", help="keep serving in the foreground until Ctrl-C")
+    render = commands.add_parser("render", help="write the Argo WorkflowTemplate and Workflow")
+    render.add_argument("--config", type=Path)
+    render.add_argument("--out", type=Path, required=True)
+    render.add_argument("--argo-version", type=argo_version, default=DEFAULT_ARGO_VERSION,
+                        help="the Argo Workflows release to render for (v3.x or v4.x)")
+    return parser.parse_args(argv)
+
+
+def argo_version(text: str) -> str:
+    if not argo.SUPPORTED_ARGO_VERSION.match(text):
+        raise argparse.ArgumentTypeError(f"must be an Argo Workflows release v3.x.y or v4.x.y, got {text}")
+    return text
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    return {key: getattr(args, flag) for flag, key in OVERRIDES.items()
+            if getattr(args, flag, None) is not None}
+
+
+def stop_on_sigterm(_signum: int, _frame: object) -> NoReturn:
+    raise KeyboardInterrupt  # the same clean-up as Ctrl-C
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        config = load_config(args.config, overrides(args) if args.command == "run" else None)
+    except ConfigError as error:
+        raise cli.UsageError(f"config: {error}") from None
+    if args.command == "render":
+        for path in argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version)):
+            print(f"render: wrote {path}")
+        return
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        run_pipeline(config, serve_forever=args.serve)
+    except KeyboardInterrupt:
+        print("pipeline: interrupted; every child process is stopped", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    cli.run("pipeline", main, expected=(StepFailed, ServerFailed))

@@ -1,0 +1,305 @@
+"""The local engine: every step as processes on this machine, as Argo and TFJob run them as pods.
+
+- A step's replicas are processes; training replicas get a generated TF_CONFIG on free ports.
+- Steps start when their dependencies have finished, at most `parallelism` at once.
+- A failed step is restarted whole (TFJob's `restartPolicy: OnFailure`; training resumes from
+  BackupAndRestore) up to `retries` times, then the run fails naming the step and quoting its log.
+- Memoization, as Argo's: a step whose key is unchanged and whose outputs are intact is skipped.
+  Ingest's key is the data source plus the dataset's checksums (valid for `memoizeMaxAge`);
+  training's and selection's keys are their commands, replicas, the trainer's code and the
+  digests of what their inputs came from.
+- Logs: STORAGE_ROOT/logs/<time>-<pid>/<step>/worker-<i>.log. Ctrl-C or SIGTERM stops every child.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from PIL import Image
+
+from pipeline.config import PipelineConfig
+from pipeline.definition import INGEST, SELECT, SERVE, Layout, Step, build_steps, ingest_memo_key
+from serving import client
+from serving.process import running_server
+from trainer import launch, model_repository
+from trainer.fashion_mnist import CLASS_NAMES, FILE_NAMES, DatasetError, load_split, md5_of, read_manifest
+
+POLL_SECONDS = 0.2
+LOGS_DIR = "logs"
+MEMO_DIR = "memo"
+CHECKPOINT_KEY_FILE = "pipeline-key.txt"
+SELECTION_FILE = "selection.json"  # written by trainer.select inside the published version
+EXAMPLE_TEST_IMAGE = 0
+TRAINER_SOURCES = Path(__file__).resolve().parents[1] / "trainer"
+
+Printer = Callable[[str], None]
+
+
+class StepFailed(RuntimeError):
+    """A step failed after its retries; the message names it and quotes the end of its log."""
+
+
+@dataclasses.dataclass
+class Outcome:
+    step: str
+    seconds: float
+    memoized: bool
+
+
+@dataclasses.dataclass
+class Attempt:
+    step: Step
+    workers: list[launch.Worker]
+    number: int  # 1 for the first try
+    started: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    outcomes: dict[str, Outcome]
+    selection: dict
+    version_dir: Path
+    example: str  # the served model's answer to one test image
+    log_dir: Path
+
+
+def digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def trainer_code_digest() -> str:
+    return digest({path.name: path.read_text() for path in sorted(TRAINER_SOURCES.glob("*.py"))})
+
+
+class Memo:
+    """The memo of each step, STORAGE_ROOT/memo/<step>.json: its key, duration and output digest."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def path(self, step: str) -> Path:
+        return self.directory / f"{step}.json"
+
+    def lookup(self, step: str, key: str, max_age_seconds: float | None) -> dict | None:
+        try:
+            entry = json.loads(self.path(step).read_text())
+        except (OSError, ValueError):
+            return None
+        if entry.get("key") != key:
+            return None
+        if max_age_seconds is not None and time.time() - entry.get("finished", 0) > max_age_seconds:
+            return None
+        return entry
+
+    def record(self, step: str, key: str, seconds: float, output_digest: str | None) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        entry = {"key": key, "seconds": seconds, "finished": time.time(), "outputs": output_digest}
+        self.path(step).write_text(json.dumps(entry, indent=2) + "\n")
+
+
+class LocalRun:
+    """One run of the pipeline's steps up to select; `serve` is separate because it may not end."""
+
+    def __init__(self, config: PipelineConfig, print_line: Printer = print):
+        self.config = config
+        self.root = Path(config.storage_root)
+        self.layout = Layout(str(self.root))
+        self.steps = [step for step in build_steps(config, str(self.root)) if step.name != SERVE]
+        self.log_dir = self.root / LOGS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.memo = Memo(self.root / MEMO_DIR)
+        self.print = print_line
+        self.keys: dict[str, str] = {}
+        self.output_digests: dict[str, str | None] = {}
+        self.outcomes: dict[str, Outcome] = {}
+        self.running: dict[str, Attempt] = {}
+        self.started = time.monotonic()
+
+    # Keys and output digests ------------------------------------------------------------------
+
+    def key_of(self, step: Step) -> str:
+        if step.name == INGEST:
+            return ingest_memo_key(self.config)
+        return digest({"command": step.command, "replicas": step.replicas, "code": trainer_code_digest(),
+                       "inputs": {name: self.output_digests[name] for name in step.depends}})
+
+    def outputs_digest(self, step: Step) -> str | None:
+        """What the step's outputs hold now, or None when they are missing or damaged."""
+        try:
+            if step.name == INGEST:
+                manifest = read_manifest(Path(self.layout.data))
+                if any(md5_of(Path(self.layout.data) / name) != manifest["files"][name]["md5"]
+                       for name in FILE_NAMES):
+                    return None
+                return digest(manifest["files"])
+            if step.name == SELECT:
+                version = model_repository.latest_version(Path(self.layout.models), self.config.model_name)
+                selection = self.version_dir(version) / SELECTION_FILE if version else None
+                return digest(selection.read_text()) if selection else None
+            export_dir = Path(step.outputs[-1])
+            return digest((export_dir / "metrics.json").read_text())
+        except (OSError, KeyError, ValueError, DatasetError):
+            return None
+
+    def version_dir(self, version: int) -> Path:
+        return Path(self.layout.models) / self.config.model_name / str(version)
+
+    # Scheduling --------------------------------------------------------------------------------
+
+    def elapsed(self) -> str:
+        return f"[{time.monotonic() - self.started:6.1f}s]"
+
+    def ready(self) -> list[Step]:
+        return [step for step in self.steps
+                if step.name not in self.outcomes and step.name not in self.running
+                and all(name in self.outcomes for name in step.depends)]
+
+    def try_memo(self, step: Step, key: str) -> bool:
+        max_age = self.config.memoize_max_age_seconds if step.name == INGEST else None
+        entry = self.memo.lookup(step.name, key, max_age)
+        if entry is None or entry.get("outputs") != self.outputs_digest(step):
+            return False
+        self.output_digests[step.name] = entry["outputs"]
+        self.outcomes[step.name] = Outcome(step.name, entry.get("seconds", 0.0), memoized=True)
+        self.print(f"{self.elapsed()} {step.name}: memoized, skipped (key {key[:24]}, "
+                   f"first run took {entry.get('seconds', 0):.1f}s)")
+        return True
+
+    def start(self, step: Step, number: int = 1) -> None:
+        if number == 1 and step.distributed:
+            self.reset_stale_checkpoints(step)
+        argv = [sys.executable, "-m", step.module, *step.args]
+        workers = launch.start_replicas(argv, step.replicas, self.log_dir / step.name, step.distributed)
+        self.running[step.name] = Attempt(step, workers, number, time.monotonic())
+        replicas = f" ({step.replicas} workers)" if step.distributed else ""
+        if number == 1:
+            self.print(f"{self.elapsed()} {step.name}: started{replicas}")
+
+    def reset_stale_checkpoints(self, step: Step) -> None:
+        """A backup left by an interrupted run resumes only the same training, never another."""
+        checkpoint_dir = Path(step.outputs[0])
+        key_file = checkpoint_dir / CHECKPOINT_KEY_FILE
+        key = self.keys[step.name]
+        if checkpoint_dir.exists() and (not key_file.exists() or key_file.read_text() != key):
+            shutil.rmtree(checkpoint_dir)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(key)
+
+    def check(self, attempt: Attempt) -> None:
+        step = attempt.step
+        if launch.all_succeeded(attempt.workers):
+            seconds = time.monotonic() - attempt.started
+            del self.running[step.name]
+            self.output_digests[step.name] = self.outputs_digest(step)
+            self.memo.record(step.name, self.keys[step.name], seconds, self.output_digests[step.name])
+            self.outcomes[step.name] = Outcome(step.name, seconds, memoized=False)
+            self.print(f"{self.elapsed()} {step.name}: finished in {seconds:.1f}s")
+            return
+        failed = launch.first_failure(attempt.workers)
+        if failed is None:
+            return
+        launch.stop_workers(attempt.workers)
+        del self.running[step.name]
+        if attempt.number > step.retries:
+            raise StepFailed(f"step {step.name} failed after {attempt.number} attempt(s): "
+                             f"{launch.describe_failure(failed)}")
+        self.print(f"{self.elapsed()} {step.name}: worker {failed.index} exited with status "
+                   f"{failed.process.returncode}; restarting all {step.replicas} (retry "
+                   f"{attempt.number}/{step.retries})")
+        self.start(step, attempt.number + 1)
+
+    def run(self) -> None:
+        self.print(f"pipeline: {len(self.steps) + 1} steps, logs in {self.log_dir}")
+        parallelism = self.config.parallelism or len(self.steps)
+        try:
+            while len(self.outcomes) < len(self.steps):
+                for step in self.ready():
+                    if len(self.running) >= parallelism:
+                        break
+                    self.keys[step.name] = key = self.key_of(step)
+                    if not self.try_memo(step, key):
+                        self.start(step)
+                for attempt in list(self.running.values()):
+                    self.check(attempt)
+                time.sleep(POLL_SECONDS)
+        finally:
+            for attempt in self.running.values():
+                launch.stop_workers(attempt.workers)
+
+    # Results -----------------------------------------------------------------------------------
+
+    def published(self) -> tuple[dict, Path]:
+        version = model_repository.latest_version(Path(self.layout.models), self.config.model_name)
+        version_dir = self.version_dir(version)
+        return json.loads((version_dir / SELECTION_FILE).read_text()), version_dir
+
+
+def example_image(data_dir: Path) -> tuple[bytes, str]:
+    """Test image EXAMPLE_TEST_IMAGE as PNG bytes, and its true class name."""
+    test = load_split(data_dir, "test")
+    buffer = io.BytesIO()
+    Image.fromarray(test.images[EXAMPLE_TEST_IMAGE].squeeze()).save(buffer, format="PNG")
+    return buffer.getvalue(), CLASS_NAMES[int(test.labels[EXAMPLE_TEST_IMAGE])]
+
+
+def example_prediction(url: str, data_dir: Path, model_name: str) -> str:
+    image, true_class = example_image(data_dir)
+    (predicted, confidence), = client.predict([image], url=url, model_name=model_name)
+    return f"test image {EXAMPLE_TEST_IMAGE} (a {true_class}) -> {predicted} ({confidence:.1%})"
+
+
+def curl_example(url: str, model_name: str, data_dir: Path) -> str:
+    image, _ = example_image(data_dir)
+    body = json.dumps({"instances": [{"image_bytes": {"b64": base64.b64encode(image).decode()}}]})
+    return f"curl -s {url}/v1/models/{model_name}:predict -d '{body}'"
+
+
+def format_table(outcomes: dict[str, Outcome], selection: dict, steps: Sequence[Step]) -> str:
+    accuracy = {c["name"]: c["test_accuracy"] for c in selection["candidates"]}
+    lines = [f"{'variant':<16} {'test accuracy':>13} {'train time':>22}  chosen"]
+    for step in steps:
+        if not step.distributed:
+            continue
+        variant = step.args[step.args.index("--model") + 1]
+        outcome = outcomes[step.name]
+        took = f"{outcome.seconds:.1f}s" + (" (memoized)" if outcome.memoized else "")
+        chosen = "<- published" if variant == selection["winner"] else ""
+        lines.append(f"{variant:<16} {accuracy.get(variant, float('nan')):>13.4f} {took:>22}  {chosen}")
+    return "\n".join(lines)
+
+
+def run_pipeline(config: PipelineConfig, serve_forever: bool = False,
+                 print_line: Printer = print) -> RunResult:
+    """Runs every step; serves the published model for one example prediction, or until Ctrl-C."""
+    run = LocalRun(config, print_line)
+    run.run()
+    selection, version_dir = run.published()
+    print_line(format_table(run.outcomes, selection, run.steps))
+    print_line(f"published: {config.model_name} version {selection['version']} ({version_dir})")
+
+    serve = build_steps(config, str(run.root))[-1]
+    serve_log = run.log_dir / SERVE / "server.log"
+    serve_log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print_line(f"{run.elapsed()} {SERVE}: started")
+    port = config.serving.http_port if serve_forever else None
+    data_dir = Path(run.layout.data)
+    with running_server(serve.args, config.model_name, serve_log, port=port) as (url, process):
+        ready = time.monotonic() - started
+        example = example_prediction(url, data_dir, config.model_name)
+        run.outcomes[SERVE] = Outcome(SERVE, ready, memoized=False)
+        print_line(f"{run.elapsed()} {SERVE}: ready in {ready:.1f}s at {url}; {example}")
+        if serve_forever:
+            print_line(f"serving {url} until Ctrl-C; try:\n{curl_example(url, config.model_name, data_dir)}")
+            process.wait()
+    return RunResult(run.outcomes, selection, version_dir, example, run.log_dir)
+

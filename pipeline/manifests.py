@@ -1,0 +1,159 @@
+"""The Kubernetes objects the pipeline's steps become: TFJobs and the InferenceService.
+
+Plain dicts built from the step definitions, for the Argo templates and for the Pulumi programs, which
+differ only in the images and the storage they pass in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+
+from pipeline.config import PipelineConfig
+from pipeline.definition import (
+    CLUSTER_STORAGE_ROOT,
+    SERVING_IMAGE,
+    TRAINER_IMAGE,
+    Layout,
+    Step,
+    serve_args,
+)
+
+DEFAULT_ARGO_VERSION = "v4.1.2"
+IMAGE_TAG = "0.1.0"  # the release these defaults name; the stacks pass content-tagged images
+STORAGE_CLAIM_NAME = "dist-ml-storage"
+STORAGE_VOLUME = "storage"
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+WORKFLOW_NAME = "{{workflow.name}}"  # Argo substitutes it in the manifests of resource templates
+TFJOB_CONTAINER = "tensorflow"  # the training operator requires this name
+KSERVE_CONTAINER = "kserve-container"
+KSERVE_MODEL_DIR = "/mnt/models"  # where KServe puts what storageUri points at
+SERVING_HTTP_PORT = 8080  # KServe routes to this port of the predictor
+PART_OF = {"app.kubernetes.io/part-of": "dist-ml"}
+DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+
+
+@dataclasses.dataclass(frozen=True)
+class Images:
+    trainer: str = f"dist-ml/trainer:{IMAGE_TAG}"
+    serving: str = f"dist-ml/serving:{IMAGE_TAG}"
+
+    def of(self, step: Step) -> str:
+        return {TRAINER_IMAGE: self.trainer, SERVING_IMAGE: self.serving}[step.image]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterStorage:
+    """The volume every pipeline pod mounts at CLUSTER_STORAGE_ROOT, and the URI of its root for KServe."""
+    volume_source: dict  # a Kubernetes volume without its name
+    uri: str  # pvc://CLAIM or gs://BUCKET: the volume's root as a KServe storageUri
+
+    def model_uri(self, *parts: str) -> str:
+        return posixpath.join(self.uri, *parts)
+
+    def volume(self) -> dict:
+        return {"name": STORAGE_VOLUME, **self.volume_source}
+
+
+def pvc_storage(claim_name: str = STORAGE_CLAIM_NAME) -> ClusterStorage:
+    return ClusterStorage({"persistentVolumeClaim": {"claimName": claim_name}}, f"pvc://{claim_name}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterTarget:
+    """What a cluster gives the rendered objects: images, storage, and its platform's settings."""
+    images: Images = Images()
+    storage: ClusterStorage = dataclasses.field(default_factory=pvc_storage)
+    argo_version: str = DEFAULT_ARGO_VERSION
+    kserve_deployment_mode: str | None = None  # None: the KServe installation's default
+    predictor_service_account: str | None = None
+    logger_url: str | None = None  # where the predictor's KServe logger posts CloudEvents
+
+
+def cluster_layout() -> Layout:
+    return Layout(CLUSTER_STORAGE_ROOT)
+
+
+def storage_mount() -> dict:
+    return {"name": STORAGE_VOLUME, "mountPath": CLUSTER_STORAGE_ROOT}
+
+
+def container(step: Step, name: str, images: Images) -> dict:
+    return {"name": name, "image": images.of(step), "imagePullPolicy": "IfNotPresent",
+            "command": step.command, "volumeMounts": [storage_mount()],
+            "resources": step.resources.as_manifest()}
+
+
+def tfjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: str | None = None) -> dict:
+    """The TFJob of a training step: `workers` Worker replicas that restart on failure and resume.
+
+    Its default name is the workflow's plus the step's, so that every run creates its own.
+    """
+    labels = {WORKFLOW_LABEL: WORKFLOW_NAME, **PART_OF}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": name or f"{WORKFLOW_NAME}-{step.name}", "labels": labels},
+        "spec": {
+            # Pods stay after the job so that `argo logs` and `kubectl logs` can read them.
+            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": step.retries},
+            "tfReplicaSpecs": {
+                "Worker": {
+                    "replicas": step.replicas,
+                    "restartPolicy": "OnFailure",
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "serviceAccountName": config.service_account_name,
+                            "containers": [container(step, TFJOB_CONTAINER, target.images)],
+                            "volumes": [target.storage.volume()],
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
+def inference_service(config: PipelineConfig, target: ClusterTarget) -> dict:
+    """The InferenceService of the model repository, with KServe's TF Serving or our server."""
+    serving, storage = config.serving, target.storage
+    resources = serving.resources.as_manifest()
+    predictor: dict = {
+        "minReplicas": serving.min_replicas,
+        "maxReplicas": serving.max_replicas,
+        "scaleMetric": serving.scale_metric,
+        "scaleTarget": serving.scale_target,
+        "containerConcurrency": serving.container_concurrency,
+    }
+    if target.predictor_service_account:
+        predictor["serviceAccountName"] = target.predictor_service_account
+    if target.logger_url:
+        predictor["logger"] = {"mode": "all", "url": target.logger_url}
+    if serving.runtime == "tensorflow":
+        # TF Serving serves the highest numbered version under storageUri, as our server does.
+        model = {"modelFormat": {"name": "tensorflow"},
+                 "storageUri": storage.model_uri("models", config.model_name), "resources": resources}
+        if serving.runtime_version:
+            model["runtimeVersion"] = serving.runtime_version
+        predictor["model"] = model
+    else:
+        predictor["containers"] = [{
+            "name": KSERVE_CONTAINER,
+            "image": target.images.serving,
+            "imagePullPolicy": "IfNotPresent",
+            "args": [*serve_args(config, KSERVE_MODEL_DIR), "--http-port", str(SERVING_HTTP_PORT)],
+            # A custom container gets its model through the storage initializer, as built-in ones do.
+            "env": [{"name": "STORAGE_URI", "value": storage.model_uri("models")}],
+            "ports": [{"containerPort": SERVING_HTTP_PORT, "protocol": "TCP"}],
+            "resources": resources,
+        }]
+    metadata: dict = {"name": config.model_name, "labels": dict(PART_OF)}
+    if target.kserve_deployment_mode:
+        metadata["annotations"] = {DEPLOYMENT_MODE_ANNOTATION: target.kserve_deployment_mode}
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": metadata,
+        "spec": {"predictor": predictor},
+    }

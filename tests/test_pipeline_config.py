@@ -1,0 +1,108 @@
+"""The pipeline's config: defaults, every bad value named by its key, and nothing started on error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT, last_line, run_module
+
+from pipeline.config import ConfigError, PipelineConfig, load_config, parse_config
+from trainer.variants import VARIANTS
+
+
+def test_the_embedded_default_trains_every_variant_on_two_workers():
+    config = parse_config(None)
+    assert config == PipelineConfig()
+    assert config.variants == VARIANTS and config.workers == 2
+    assert config.memoize_max_age_seconds == 24 * 3600
+
+
+def test_values_from_the_stack_config_mean_the_same():
+    config = parse_config({
+        "pipeline": {"variants": ["cnn_batchnorm"], "workers": 3.0, "memoizeMaxAge": "1h30m",
+                     "trainerResources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                          "limits": {"cpu": 2, "memory": "3Gi"}}},
+        "serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.0", "minReplicas": 0,
+                    "maxReplicas": 5.0, "scaleMetric": "concurrency", "scaleTarget": 4},
+    })
+    assert config.variants == ("cnn_batchnorm",)
+    assert config.workers == 3 and isinstance(config.workers, int)  # Pulumi gives floats
+    assert config.memoize_max_age_seconds == 5400
+    assert config.trainer_resources.limits == {"cpu": "2", "memory": "3Gi"}
+    assert (config.serving.runtime, config.serving.runtime_version) == ("tensorflow", "2.19.0")
+    assert (config.serving.min_replicas, config.serving.max_replicas) == (0, 5)
+
+
+BAD_CONFIGS = [
+    ({"pipeline": {"workers": 0}}, "pipeline.workers: must be an integer >= 1, got 0"),
+    ({"pipeline": {"workers": "two"}}, "pipeline.workers"),
+    ({"pipeline": {"workers": True}}, "pipeline.workers"),
+    ({"pipeline": {"workers": None}}, "pipeline.workers"),
+    ({"pipeline": {"variants": ["cnn", "resnet"]}}, "pipeline.variants: unknown variant 'resnet'"),
+    ({"pipeline": {"variants": []}}, "pipeline.variants: must be a non-empty list"),
+    ({"pipeline": {"variants": ["cnn", "cnn"]}}, "pipeline.variants: lists a variant twice"),
+    ({"pipeline": {"dataSource": ""}}, "pipeline.dataSource: must be a non-empty string"),
+    ({"pipeline": {"dataSource": None}}, "pipeline.dataSource: must be a non-empty string"),
+    ({"pipeline": {"epoch": 3}}, "pipeline.epoch: unknown setting"),
+    ({"pipline": {}}, "pipline: unknown section"),
+    ({"pipeline": ["workers"]}, "pipeline: must be a mapping"),
+    ({"pipeline": {"retries": -1}}, "pipeline.retries"),
+    ({"pipeline": {"memoizeMaxAge": "1 day"}}, "pipeline.memoizeMaxAge: must be a duration"),
+    ({"pipeline": {"modelName": "Fashion_MNIST"}}, "pipeline.modelName: must be a DNS-1123 label"),
+    ({"pipeline": {"trainerResources": {"limits": {"cpu": "lots", "memory": "1Gi"}}}},
+     "pipeline.trainerResources.limits.cpu: must be a Kubernetes quantity"),
+    ({"pipeline": {"stepResources": {"requests": {"cpu": "1"}}}},
+     "pipeline.stepResources.requests: must set exactly cpu and memory"),
+    ({"serving": {"runtime": "onnx"}}, "serving.runtime: must be one of custom, tensorflow"),
+    ({"serving": {"runtimeVersion": "2.19.0"}}, "serving.runtimeVersion: applies only to runtime"),
+    ({"serving": {"minReplicas": 4, "maxReplicas": 2}}, "serving.maxReplicas: must be >= minReplicas"),
+    ({"serving": {"scaleMetric": "gpu"}}, "serving.scaleMetric"),
+    ({"serving": {"maxBatchWaitMs": float("nan")}}, "serving.maxBatchWaitMs"),
+    ({"serving": {"httpPort": 70000}}, "serving.httpPort"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), BAD_CONFIGS, ids=[m.split(":")[0] for _, m in BAD_CONFIGS])
+def test_each_bad_value_is_an_error_naming_its_key(raw, message):
+    with pytest.raises(ConfigError) as error:
+        parse_config(raw)
+    assert str(error.value).startswith(message)
+
+
+def test_a_config_file_with_flag_overrides(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("pipeline:\n  workers: 3\n  variants: [cnn]\nserving:\n  maxBatchSize: 8\n")
+    config = load_config(path, {"workers": 4})
+    assert (config.workers, config.variants, config.serving.max_batch_size) == (4, ("cnn",), 8)
+
+
+@pytest.mark.parametrize(("text", "message"), [("pipeline: [", "not YAML"), ("- 1\n", "must be a mapping")])
+def test_a_malformed_config_file_is_named(tmp_path, text, message):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("flags", "key"), [
+    (["--workers", "0"], "pipeline.workers"),
+    (["--variants", "cnn", "resnet"], "pipeline.variants"),
+    (["--data-source", ""], "pipeline.dataSource"),
+])
+def test_bad_config_on_the_command_line_starts_nothing(tmp_path, flags, key):
+    root = tmp_path / "root"
+    result = run_module("pipeline", "run", "--storage-root", root, *flags)
+    assert result.returncode == 2
+    assert last_line(result.stderr).startswith(f"pipeline: error: config: {key}: ")
+    assert not root.exists()  # no run directory, no logs, no process
+
+
+def test_the_pipeline_imports_neither_tensorflow_nor_pulumi():
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, pipeline.__main__; print(sorted(m for m in sys.modules "
+         "if m.split('.')[0] in ('tensorflow', 'pulumi')))"],
+        cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

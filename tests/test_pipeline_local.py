@@ -1,0 +1,134 @@
+"""The local engine end to end on the sample: publish and serve, memoize, retry a lost worker,
+stop every child on Ctrl-C."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO_ROOT, last_line, run_module
+
+FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8"]
+EPOCH_LOGGED = re.compile(r"train\[worker:0\]: epoch 1/")
+
+
+def run_args(sample_dir: Path, root: Path, *flags: str) -> list[str]:
+    return ["run", "--data-source", str(sample_dir), "--storage-root", str(root), *FAST, *flags]
+
+
+def start_pipeline(args: list[str], output: Path) -> subprocess.Popen:
+    with open(output, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=REPO_ROOT,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for_log(root: Path, step: str, pattern: re.Pattern, process: subprocess.Popen,
+                 timeout: float = 240) -> None:
+    """Until the first worker of `step` has logged `pattern`, in this run's log directory."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the pipeline ended before training got going"
+        for log in root.glob(f"logs/*/{step}/worker-0.log"):
+            if pattern.search(log.read_text(errors="replace")):
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"{step} did not log {pattern.pattern} in {timeout}s")
+
+
+def trainers(pipeline: subprocess.Popen) -> list[psutil.Process]:
+    return [child for child in psutil.Process(pipeline.pid).children(recursive=True)
+            if "trainer.train" in child.cmdline()]
+
+
+def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_dir, tmp_path):
+    root = tmp_path / "root"
+    args = run_args(sample_dir, root, "--variants", "cnn", "cnn_dropout", "--epochs", "2")
+    first = run_module("pipeline", *args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    for step in ("ingest", "train-cnn", "train-cnn-dropout", "select"):
+        assert re.search(rf"\] {step}: finished in [0-9.]+s", first.stdout), step
+    assert re.search(r"^cnn_dropout +[01]\.\d{4} +[0-9.]+s", first.stdout, re.MULTILINE)
+    assert "published: fmnist version 1" in first.stdout
+    assert re.search(r"serve: ready in [0-9.]+s at http://127\.0\.0\.1:\d+; test image 0 \(a \w[\w -]*\) "
+                     r"-> \w[\w -]* \(\d+\.\d%\)", first.stdout)
+    assert (root / "models" / "fmnist" / "1" / "saved_model.pb").is_file()
+    assert len(list(root.glob("logs/*/train-cnn/worker-*.log"))) == 2
+
+    second = run_module("pipeline", *args)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    for step in ("ingest", "train-cnn", "train-cnn-dropout", "select"):
+        assert re.search(rf"\] {step}: memoized, skipped", second.stdout), step
+    assert "published: fmnist version 1" in second.stdout  # nothing changed, nothing re-published
+    assert "serve: ready" in second.stdout
+
+    changed = run_module("pipeline", *args[:-2], "--epochs", "1")
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    assert "ingest: memoized" in changed.stdout and "train-cnn: finished" in changed.stdout
+    assert "published: fmnist version 2" in changed.stdout
+
+
+def test_a_killed_worker_restarts_the_step_which_resumes_and_completes(sample_dir, tmp_path):
+    root = tmp_path / "root"
+    pipeline = start_pipeline(run_args(sample_dir, root, "--variants", "cnn", "--epochs", "6"),
+                              tmp_path / "out.txt")
+    try:
+        wait_for_log(root, "train-cnn", EPOCH_LOGGED, pipeline)
+        trainers(pipeline)[-1].kill()
+        assert pipeline.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
+    finally:
+        pipeline.kill()
+    output = (tmp_path / "out.txt").read_text()
+    assert re.search(r"train-cnn: worker \d exited with status -9; restarting all 2 \(retry 1/2\)", output)
+    assert "published: fmnist version 1" in output
+    (chief_log,) = root.glob("logs/*/train-cnn/worker-0.log")
+    assert re.search(r"resuming from backup at epoch [2-6]/6", chief_log.read_text())
+
+
+def test_after_the_retries_the_run_fails_naming_the_step_and_its_log(sample_dir, tmp_path):
+    root = tmp_path / "root"
+    pipeline = start_pipeline(run_args(sample_dir, root, "--variants", "cnn", "--epochs", "20",
+                                       "--retries", "0"), tmp_path / "out.txt")
+    try:
+        wait_for_log(root, "train-cnn", EPOCH_LOGGED, pipeline)
+        trainers(pipeline)[0].kill()
+        assert pipeline.wait(timeout=120) == 1
+    finally:
+        pipeline.kill()
+    output = (tmp_path / "out.txt").read_text()
+    assert re.search(r"pipeline: error: step train-cnn failed after 1 attempt\(s\): worker \d exited "
+                     r"with status -9; the end of .*worker-\d\.log:", output)
+    assert "select: started" not in output
+
+
+def test_ctrl_c_mid_training_stops_every_child_and_the_next_run_works(sample_dir, tmp_path):
+    root = tmp_path / "root"
+    args = run_args(sample_dir, root, "--variants", "cnn", "cnn_batchnorm", "--epochs", "20")
+    pipeline = start_pipeline(args, tmp_path / "out.txt")
+    try:
+        wait_for_log(root, "train-cnn", EPOCH_LOGGED, pipeline)
+        children = psutil.Process(pipeline.pid).children(recursive=True)
+        assert len(trainers(pipeline)) == 4  # two variants in parallel, two workers each
+        pipeline.send_signal(signal.SIGINT)
+        assert pipeline.wait(timeout=60) == 130
+    finally:
+        pipeline.kill()
+    assert "interrupted; every child process is stopped" in last_line((tmp_path / "out.txt").read_text())
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert alive == []
+
+    rerun = run_module("pipeline", *args[:-2], "--epochs", "2", timeout=300)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "ingest: memoized" in rerun.stdout and "published: fmnist version 1" in rerun.stdout
+
+
+@pytest.mark.parametrize("flags", [["--parallelism", "0"], ["--retries", "-1"]])
+def test_bad_engine_flags_are_config_errors(tmp_path, flags):
+    result = run_module("pipeline", "run", "--storage-root", tmp_path / "root", *flags)
+    assert result.returncode == 2 and "pipeline: error: config: pipeline." in last_line(result.stderr)
+    assert not (tmp_path / "root").exists()

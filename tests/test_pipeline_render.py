@@ -1,0 +1,133 @@
+"""The Argo engine: the rendered objects validate against the upstream schemas and follow the config."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import run_module
+
+from pipeline import argo
+from pipeline.config import parse_config
+from pipeline.definition import ingest_memo_key
+from pipeline.manifests import ClusterTarget
+
+ARGO_CRDS = {  # Argo release -> the directory of its full CRDs under ../shared/schemas
+    "v4.1.2": "argo-v4.1.2/",
+    "v3.7.18": "",
+}
+KUBERNETES_VERSION = "1.33"
+WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
+CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "epochs": 4}}
+
+
+def templates(template: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in template["spec"]["templates"]}
+
+
+def embedded(template: dict, name: str) -> dict:
+    """The manifest of a resource template, as Argo submits it."""
+    manifest = templates(template)[name]["resource"]["manifest"]
+    return yaml.safe_load(manifest.replace("{{workflow.name}}", WORKFLOW_NAME))
+
+
+@pytest.mark.parametrize("argo_version", sorted(ARGO_CRDS))
+@pytest.mark.parametrize("runtime", ["custom", "tensorflow"])
+def test_every_rendered_object_validates_against_the_upstream_schemas(validate_crd, argo_version, runtime):
+    config = parse_config({**CONFIG, "serving": {"runtime": runtime}})
+    objects = argo.render_objects(config, ClusterTarget(argo_version=argo_version))
+    crds = ARGO_CRDS[argo_version]
+    template = objects["workflowtemplate.yaml"]
+    assert validate_crd(f"{crds}argoproj.io_workflowtemplates.yaml", template) == []
+    assert validate_crd(f"{crds}argoproj.io_workflows.yaml", objects["workflow.yaml"]) == []
+    for variant in ("cnn", "cnn-batchnorm"):
+        assert validate_crd("kubeflow.org_tfjobs.yaml", embedded(template, f"train-{variant}")) == []
+    assert validate_crd("serving.kserve.io_inferenceservices.yaml", embedded(template, "serve")) == []
+    kubernetes_validate.validate(objects["memoize-cache.yaml"], KUBERNETES_VERSION, strict=True)
+
+
+def test_the_validator_is_not_blind(validate_crd):
+    template = argo.workflow_template(parse_config(CONFIG))
+    template["spec"]["templates"][1]["memoize"]["maxAge"] = 24
+    tfjob = embedded(template, "train-cnn")
+    tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "three"
+    assert validate_crd("argo-v4.1.2/argoproj.io_workflowtemplates.yaml", template)
+    assert validate_crd("kubeflow.org_tfjobs.yaml", tfjob)
+
+
+def test_the_dag_runs_ingest_then_each_variant_in_parallel_then_select_then_serve():
+    template = argo.workflow_template(parse_config(CONFIG))
+    tasks = {t["name"]: t.get("depends") for t in templates(template)["pipeline"]["dag"]["tasks"]}
+    assert tasks == {"ingest": None, "train-cnn": "ingest", "train-cnn-batchnorm": "ingest",
+                     "select": "train-cnn && train-cnn-batchnorm", "serve": "select"}
+
+
+def test_tfjobs_follow_the_config():
+    config = parse_config(CONFIG)
+    template = argo.workflow_template(config)
+    train = templates(template)["train-cnn-batchnorm"]["resource"]
+    assert train["action"] == "create" and train["setOwnerReference"] is True
+    assert train["successCondition"] == "status.replicaStatuses.Worker.succeeded = 3"
+    assert train["failureCondition"] == "status.replicaStatuses.Worker.failed > 0"
+    tfjob = embedded(template, "train-cnn-batchnorm")
+    assert tfjob["metadata"]["name"] == f"{WORKFLOW_NAME}-train-cnn-batchnorm"
+    assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+    worker = tfjob["spec"]["tfReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 3 and worker["restartPolicy"] == "OnFailure"
+    pod = worker["template"]
+    assert pod["metadata"]["labels"]["workflows.argoproj.io/workflow"] == WORKFLOW_NAME
+    (container,) = pod["spec"]["containers"]
+    assert container["name"] == "tensorflow"
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "trainer.train"]
+    assert command[command.index("--model") + 1] == "cnn_batchnorm"
+    assert command[command.index("--epochs") + 1] == "4"
+    assert container["volumeMounts"] == [{"name": "storage", "mountPath": "/mnt/dist-ml"}]
+    assert pod["spec"]["serviceAccountName"] == template["spec"]["serviceAccountName"]
+
+
+def test_ingest_is_memoized_on_the_data_source_and_checksums():
+    config = parse_config(CONFIG)
+    ingest = templates(argo.workflow_template(config))["ingest"]
+    assert ingest["memoize"]["key"] == ingest_memo_key(config)
+    assert ingest["memoize"]["maxAge"] == "24h"
+    assert ingest["memoize"]["cache"]["configMap"]["name"] == argo.memo_cache()["metadata"]["name"]
+    assert argo.memo_cache()["metadata"]["labels"]["workflows.argoproj.io/configmap-type"] == "Cache"
+    other_source = parse_config({"pipeline": {"dataSource": "https://mirror.example/fmnist/"}})
+    assert ingest_memo_key(other_source) != ingest_memo_key(config)
+
+
+def test_serve_waits_until_the_model_is_up_to_date_and_autoscales_from_config():
+    config = parse_config({"serving": {"minReplicas": 2, "maxReplicas": 6, "scaleMetric": "concurrency",
+                                       "scaleTarget": 1, "containerConcurrency": 4}})
+    template = argo.workflow_template(config)
+    serve = templates(template)["serve"]["resource"]
+    assert serve["successCondition"] == "status.modelStatus.transitionStatus = UpToDate"
+    assert serve["failureCondition"] == "status.modelStatus.transitionStatus = BlockedByFailedLoad"
+    predictor = embedded(template, "serve")["spec"]["predictor"]
+    assert {k: predictor[k] for k in ("minReplicas", "maxReplicas", "scaleMetric", "scaleTarget",
+                                      "containerConcurrency")} == {
+        "minReplicas": 2, "maxReplicas": 6, "scaleMetric": "concurrency", "scaleTarget": 1,
+        "containerConcurrency": 4}
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container"
+    assert {"name": "STORAGE_URI", "value": "pvc://dist-ml-storage/models"} in container["env"]
+
+
+def test_the_tensorflow_runtime_serves_the_versions_directory():
+    config = parse_config({"serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.0"}})
+    model = embedded(argo.workflow_template(config), "serve")["spec"]["predictor"]["model"]
+    assert model["modelFormat"] == {"name": "tensorflow"} and model["runtimeVersion"] == "2.19.0"
+    assert model["storageUri"] == "pvc://dist-ml-storage/models/fmnist"
+
+
+def test_render_writes_one_file_per_object(tmp_path):
+    config_file = tmp_path / "pipeline.yaml"
+    config_file.write_text(yaml.safe_dump(CONFIG))
+    result = run_module("pipeline", "render", "--out", tmp_path / "out", "--config", config_file)
+    assert result.returncode == 0, result.stderr
+    kinds = {path.name: yaml.safe_load(path.read_text())["kind"] for path in (tmp_path / "out").iterdir()}
+    assert kinds == {"workflowtemplate.yaml": "WorkflowTemplate", "workflow.yaml": "Workflow",
+                     "memoize-cache.yaml": "ConfigMap"}
+    workflow = yaml.safe_load((tmp_path / "out" / "workflow.yaml").read_text())
+    assert workflow["spec"]["workflowTemplateRef"]["name"] == argo.WORKFLOW_TEMPLATE_NAME
