@@ -1,4 +1,3 @@
-"""The Pulumi program (Pulumi.yaml's `main`): parses the stack config and composes infra/.
-
-Not built yet: see the infrastructure issues. Must not import TensorFlow.
+"""The Pulumi program (Pulumi.yaml's `main`): parses the stack config once (config.py) and composes
+infra/'s components for the stack's cluster (local.py). Never imports TensorFlow.
 """

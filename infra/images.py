@@ -1,0 +1,70 @@
+"""The trainer and serving images, built with Docker and imported into the k3d cluster.
+
+Each image is tagged with a digest of what goes into it, so a code change is a new tag: the pods'
+specs change and roll, and an unchanged tree rebuilds nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shlex
+from pathlib import Path
+
+import pulumi
+from pulumi_command import local
+
+from pipeline.manifests import Images
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# What each image's Dockerfile copies in.
+IMAGE_INPUTS = {
+    "trainer": ("trainer/Dockerfile", "requirements.txt", "trainer"),
+    "serving": ("serving/Dockerfile", "requirements.txt", "trainer", "serving"),
+}
+IMAGE_REPOSITORY = "dist-ml/{image}"
+
+
+def content_tag(paths: tuple[str, ...], root: Path = REPO_ROOT) -> str:
+    """A digest of the files under `paths` (names and bytes; caches excluded)."""
+    digest = hashlib.sha256()
+    for top in paths:
+        files = [root / top] if (root / top).is_file() else sorted((root / top).rglob("*"))
+        for path in files:
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def image_ref(image: str) -> str:
+    return f"{IMAGE_REPOSITORY.format(image=image)}:{content_tag(IMAGE_INPUTS[image])}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalImagesArgs:
+    cluster_name: str
+    cluster: pulumi.Resource  # the images are imported into it once it exists
+
+
+class LocalImages(pulumi.ComponentResource):
+    """`docker build` then `k3d image import` for each image; pods use them with IfNotPresent."""
+
+    images: Images
+    imported: list[pulumi.Resource]  # what pods that run these images must depend on
+
+    def __init__(self, name: str, args: LocalImagesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("dist-ml:infra:LocalImages", name, None, opts)
+        refs = {image: image_ref(image) for image in IMAGE_INPUTS}
+        self.imported = []
+        for image, ref in refs.items():
+            build = shlex.join(["docker", "build", "-f", f"{image}/Dockerfile", "-t", ref, "."])
+            load = shlex.join(["k3d", "image", "import", ref, "--cluster", args.cluster_name])
+            self.imported.append(local.Command(
+                f"{name}-{image}",
+                create=f"{build} && {load}",
+                dir=str(REPO_ROOT),
+                triggers=[ref],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster]),
+            ))
+        self.images = Images(trainer=refs["trainer"], serving=refs["serving"])
+        self.register_outputs({"trainer": refs["trainer"], "serving": refs["serving"]})

@@ -1,0 +1,84 @@
+"""The pipeline on the cluster: its WorkflowTemplate (rendered by pipeline.argo), the memo cache,
+a service account allowed exactly what the steps do, and optionally a Workflow that runs it once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from pipeline import argo
+from pipeline.config import PipelineConfig
+from pipeline.manifests import PART_OF, ClusterTarget
+
+ALL_VERBS_ON_OWN_OBJECTS = ["create", "get", "list", "watch", "patch", "delete"]
+# What the steps' pods do: create and watch TFJobs and the InferenceService (resource templates),
+# read their pods and logs, keep the memo (ConfigMaps), and report results (Argo's executor).
+PIPELINE_RULES = [
+    {"apiGroups": ["kubeflow.org"], "resources": ["tfjobs"], "verbs": ALL_VERBS_ON_OWN_OBJECTS},
+    {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"],
+     "verbs": ALL_VERBS_ON_OWN_OBJECTS},
+    {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},
+    {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+]
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineArgs:
+    config: PipelineConfig
+    target: ClusterTarget
+    namespace: str
+    run_on_up: bool
+    provider: k8s.Provider
+    depends_on: list[pulumi.Resource]  # the platform's CRDs, the images, the storage
+    service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
+
+
+def custom_resource(name: str, manifest: dict, namespace: str,
+                    opts: pulumi.ResourceOptions, **metadata: object) -> k8s.apiextensions.CustomResource:
+    return k8s.apiextensions.CustomResource(
+        name, api_version=manifest["apiVersion"], kind=manifest["kind"],
+        metadata={**manifest["metadata"], "namespace": namespace, **metadata},
+        spec=manifest["spec"], opts=opts)
+
+
+class PipelineResources(pulumi.ComponentResource):
+    workflow_template: k8s.apiextensions.CustomResource
+
+    def __init__(self, name: str, args: PipelineArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("dist-ml:infra:Pipeline", name, None, opts)
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        account = args.config.service_account_name
+        metadata = {"namespace": args.namespace, "labels": PART_OF}
+
+        service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-service-account",
+            metadata={"name": account, **metadata, "annotations": args.service_account_annotations},
+            opts=on_cluster)
+        role = k8s.rbac.v1.Role(f"{name}-role", metadata={"name": account, **metadata},
+                                rules=PIPELINE_RULES, opts=on_cluster)
+        binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-role-binding", metadata={"name": account, **metadata},
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            subjects=[{"kind": "ServiceAccount", "name": account, "namespace": args.namespace}],
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[role]))
+
+        objects = argo.render_objects(args.config, args.target)
+        cache = objects["memoize-cache.yaml"]
+        memo_cache = k8s.core.v1.ConfigMap(
+            f"{name}-memoize-cache", metadata={**cache["metadata"], "namespace": args.namespace},
+            opts=on_cluster)
+        needs = pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                       depends_on=[*args.depends_on, service_account, binding, memo_cache])
+        self.workflow_template = custom_resource(
+            f"{name}-workflow-template", objects["workflowtemplate.yaml"], args.namespace, needs)
+        if args.run_on_up:
+            run = objects["workflow.yaml"]
+            # Pulumi names it (dist-ml-pipeline-run-<suffix>) in place of Argo's generateName.
+            run["metadata"] = {"labels": run["metadata"]["labels"], "annotations": SKIP_AWAIT}
+            custom_resource(f"{name}-run", run, args.namespace, pulumi.ResourceOptions.merge(
+                needs, pulumi.ResourceOptions(depends_on=[self.workflow_template])))
+        self.register_outputs({"workflowTemplate": self.workflow_template.metadata["name"]})

@@ -1,0 +1,86 @@
+"""Policies over the Kubernetes objects a stack declares, as plain functions of the rendered objects
+(each returns its violations), so that a CrossGuard policy pack can call them later.
+
+Pods hide in many places: Deployments, TFJob replica templates, Argo container templates, the
+TFJob and InferenceService manifests inside Argo resource templates, InferenceService predictors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import yaml
+
+PRIVILEGED_ROLES = ("cluster-admin",)
+
+
+def _walk(node: Any, where: str) -> Iterator[tuple[str, dict]]:
+    """Every mapping under `node` with its path, descending into Argo's embedded manifests."""
+    if isinstance(node, dict):
+        yield where, node
+        for key, value in node.items():
+            if key == "manifest" and isinstance(value, str):
+                yield from _walk(yaml.safe_load(value), f"{where}.manifest")
+            else:
+                yield from _walk(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _walk(value, f"{where}[{index}]")
+
+
+def name_of(manifest: dict) -> str:
+    return f"{manifest.get('kind')}/{manifest.get('metadata', {}).get('name')}"
+
+
+def containers(manifest: dict) -> Iterator[tuple[str, dict]]:
+    """(path, container) for every container, and for KServe's built-in predictor `model`."""
+    for where, node in _walk(manifest, name_of(manifest)):
+        for key in ("containers", "initContainers"):
+            for index, container in enumerate(node.get(key) or []):
+                yield f"{where}.{key}[{index}]", container
+        if isinstance(node.get("container"), dict):
+            yield f"{where}.container", node["container"]
+        if isinstance(node.get("model"), dict) and "modelFormat" in node["model"]:
+            yield f"{where}.model", node["model"]
+
+
+def no_cluster_admin(objects: Sequence[dict]) -> list[str]:
+    return [f"{name_of(o)} binds {o['roleRef']['name']}" for o in objects
+            if o.get("kind") in ("RoleBinding", "ClusterRoleBinding")
+            and o.get("roleRef", {}).get("name") in PRIVILEGED_ROLES]
+
+
+def requests_and_limits(objects: Sequence[dict]) -> list[str]:
+    violations = []
+    for manifest in objects:
+        for where, container in containers(manifest):
+            resources = container.get("resources") or {}
+            for kind in ("requests", "limits"):
+                missing = [r for r in ("cpu", "memory") if r not in (resources.get(kind) or {})]
+                if missing:
+                    violations.append(f"{where}: no {kind} for {', '.join(missing)}")
+    return violations
+
+
+def pinned_images(objects: Sequence[dict]) -> list[str]:
+    violations = []
+    for manifest in objects:
+        for where, container in containers(manifest):
+            image = container.get("image")
+            if image is None:
+                continue
+            name, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "")
+            if "@sha256:" not in image and tag in ("", "latest"):
+                violations.append(f"{where}: image {image} is not pinned (no tag, or latest)")
+    return violations
+
+
+def secret_outputs(required: Sequence[str], secret: set[str]) -> list[str]:
+    return [f"stack output {name} is not secret" for name in required if name not in secret]
+
+
+OBJECT_POLICIES = (no_cluster_admin, requests_and_limits, pinned_images)
+
+
+def violations(objects: Sequence[dict]) -> list[str]:
+    return [violation for policy in OBJECT_POLICIES for violation in policy(objects)]

@@ -1,0 +1,206 @@
+"""Run a stack's program under Pulumi mocks and write what it declares, for review and for tests.
+
+    python -m infra.render --stack local --out DIR
+
+Reads Pulumi.<stack>.yaml as the Pulumi engine would and writes every Kubernetes object as YAML,
+one file per object, plus summary.txt: the other resources (charts and kustomize installs with their
+versions, commands, providers) and the stack outputs (secret ones masked). No cluster is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pulumi
+import yaml
+
+from pipeline.config import ConfigError
+from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
+from stacks.program import define_stack
+from trainer import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAKE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# rendered under Pulumi mocks\n"
+# Remote components: Pulumi expands these on a real cluster; under mocks only their inputs show.
+REMOTE_COMPONENTS = ("kubernetes:helm.sh/v4:Chart", "kubernetes:kustomize/v2:Directory",
+                     "kubernetes:yaml/v2:ConfigFile")
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    type: str
+    name: str
+    inputs: dict
+    custom: bool
+
+    @property
+    def is_kubernetes_object(self) -> bool:
+        return (self.custom and self.type.startswith("kubernetes:")
+                and not self.type.startswith("pulumi:providers") and "kind" in self.inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    resources: list[Declared]
+    outputs: dict[str, Any]
+    secret_outputs: set[str]
+
+    @property
+    def objects(self) -> list[dict]:
+        return [kubernetes_object(r) for r in self.resources if r.is_kubernetes_object]
+
+    def of_type(self, type_token: str) -> list[Declared]:
+        return [r for r in self.resources if r.type == type_token]
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Records each declared resource; answers as a provider would for what the program reads back."""
+
+    def __init__(self) -> None:
+        self.declared: list[Declared] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom)))
+        state = dict(args.inputs)
+        if args.typ == "command:local:Command":
+            state["stdout"] = FAKE_KUBECONFIG if "kubeconfig" in str(args.inputs.get("create")) else ""
+        if args.typ.startswith("kubernetes:") and "metadata" in state:
+            # As the provider autonames: the resource's name when the manifest gives none.
+            state["metadata"] = {"name": args.name, **state["metadata"]}
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        return {}
+
+
+def integral_floats_as_ints(value: Any) -> Any:
+    """Undoes the mocks' wire format, which carries every number as a float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: integral_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [integral_floats_as_ints(item) for item in value]
+    return value
+
+
+HEAD_KEYS = ("apiVersion", "kind", "metadata")
+
+
+def kubernetes_object(resource: Declared) -> dict:
+    inputs = integral_floats_as_ints(resource.inputs)
+    metadata = dict(inputs.get("metadata") or {})
+    metadata.setdefault("name", resource.name)  # Pulumi autonames it with a random suffix
+    head = {"apiVersion": inputs["apiVersion"], "kind": inputs["kind"], "metadata": metadata}
+    return {**head, **{key: value for key, value in inputs.items() if key not in HEAD_KEYS}}
+
+
+def pulumi_values(stack_file: Path) -> dict[str, str]:
+    """Pulumi.<stack>.yaml's config as the engine passes it: structured values as JSON text."""
+    document = yaml.safe_load(stack_file.read_text()) or {}
+    values = {}
+    for key, value in (document.get("config") or {}).items():
+        values[key] = value if isinstance(value, str) else json.dumps(value)
+    return values
+
+
+def install_mocks(stack: str, values: Mapping[str, str]) -> RecordingMocks:
+    """Points the Pulumi runtime at fresh recording mocks with the stack's config `values`."""
+    # The runtime schedules its calls on the current event loop; asyncio.run() elsewhere in the
+    # process may have left none.
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(dict(values))
+    return mocks
+
+
+def render(stack: str, values: Mapping[str, str]) -> Rendered:
+    """Runs the program under mocks with config `values`; raises ConfigError on bad config."""
+    config = parse_stack_config(from_pulumi_values(values))
+    mocks = install_mocks(stack, values)
+    outputs: dict[str, Any] = {}
+    secrets: set[str] = set()
+
+    @pulumi.runtime.test
+    def program():
+        declared = define_stack(config)
+
+        async def collect() -> None:
+            for name, value in declared.items():
+                output = pulumi.Output.from_input(value)
+                outputs[name] = await output.future()
+                if await output.is_secret():
+                    secrets.add(name)
+
+        return pulumi.Output.from_input(collect())
+
+    program()
+    return Rendered(mocks.declared, outputs, secrets)
+
+
+def file_name(manifest: dict) -> str:
+    metadata = manifest["metadata"]
+    parts = [manifest["kind"], metadata.get("namespace", ""), metadata["name"]]
+    return "-".join(part for part in parts if part).lower() + ".yaml"
+
+
+def summary(rendered: Rendered) -> str:
+    lines = ["# Resources other than Kubernetes objects", ""]
+    for resource in rendered.resources:
+        if resource.is_kubernetes_object:
+            continue
+        if resource.type in REMOTE_COMPONENTS:
+            keys = ("chart", "version", "namespace", "values", "directory", "file")
+            detail = {key: resource.inputs[key] for key in keys if resource.inputs.get(key)}
+        elif resource.type == "command:local:Command":
+            detail = {key: resource.inputs[key] for key in ("create", "delete") if resource.inputs.get(key)}
+        elif resource.type.startswith("pulumi:providers:"):
+            detail = {key: value for key, value in resource.inputs.items() if key in ("namespace",)}
+        else:
+            continue  # our own components: their children are listed
+        lines.append(f"{resource.type}  {resource.name}  {json.dumps(detail, sort_keys=True)}")
+    lines += ["", "# Stack outputs", ""]
+    for name, value in sorted(rendered.outputs.items()):
+        lines.append(f"{name}: {'[secret]' if name in rendered.secret_outputs else value}")
+    return "\n".join(lines) + "\n"
+
+
+def write(rendered: Rendered, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for manifest in rendered.objects:
+        path = out / file_name(manifest)
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        paths.append(path)
+    (out / "summary.txt").write_text(summary(rendered))
+    return [*paths, out / "summary.txt"]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = cli.OneLineParser(prog="infra.render", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stack", required=True, help="reads Pulumi.<stack>.yaml")
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    stack_file = REPO_ROOT / f"Pulumi.{args.stack}.yaml"
+    if not stack_file.is_file():
+        raise cli.UsageError(f"{stack_file}: no such stack file")
+    try:
+        rendered = render(args.stack, pulumi_values(stack_file))
+    except ConfigError as error:
+        raise cli.UsageError(f"{stack_file.name}: {error}") from None
+    paths = write(rendered, args.out)
+    print(f"infra.render: {len(paths) - 1} Kubernetes objects and summary.txt in {args.out}")
+
+
+if __name__ == "__main__":
+    cli.run("infra.render", main)

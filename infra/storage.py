@@ -1,0 +1,40 @@
+"""Storage on the cluster: one PersistentVolumeClaim for data, checkpoints, exports and models."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from pipeline.manifests import PART_OF, STORAGE_CLAIM_NAME, ClusterStorage, pvc_storage
+
+# local-path binds a claim only when a pod uses it (WaitForFirstConsumer): waiting for it to be
+# Bound during `pulumi up` would wait for the pipeline's first pod.
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PvcStorageArgs:
+    namespace: str
+    size: str
+    access_mode: str
+    storage_class: str
+    provider: k8s.Provider
+
+
+class PvcStorage(pulumi.ComponentResource):
+    storage: ClusterStorage
+
+    def __init__(self, name: str, args: PvcStorageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("dist-ml:infra:PvcStorage", name, None, opts)
+        self.claim = k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-claim",
+            metadata={"name": STORAGE_CLAIM_NAME, "namespace": args.namespace, "labels": PART_OF,
+                      "annotations": SKIP_AWAIT},
+            spec={"accessModes": [args.access_mode], "storageClassName": args.storage_class,
+                  "resources": {"requests": {"storage": args.size}}},
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider),
+        )
+        self.storage = pvc_storage(STORAGE_CLAIM_NAME)
+        self.register_outputs({"claim": self.claim.metadata["name"], "uri": self.storage.uri})

@@ -1,0 +1,30 @@
+"""The Pulumi program of every stack: parse the stack config, then compose the stack's components."""
+
+from __future__ import annotations
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+
+from pipeline.config import ConfigError
+from stacks.config import StackConfig, from_pulumi_values, parse_stack_config
+from stacks.local import define_local_stack
+
+
+def stack_config_values() -> dict[str, str]:
+    """Every config value of the stack, as the Pulumi engine hands them to the program."""
+    return {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+
+
+def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
+    if config.cluster_kind == "k3d":
+        return define_local_stack(config)
+    raise NotImplementedError(f"cluster.kind {config.cluster_kind} has no program")
+
+
+def main() -> None:
+    try:
+        config = parse_stack_config(from_pulumi_values(stack_config_values()))
+    except ConfigError as error:
+        raise pulumi.RunError(f"stack config: {error}") from None  # one line, no traceback
+    for name, value in define_stack(config).items():
+        pulumi.export(name, value)

@@ -1,0 +1,198 @@
+"""The local stack under Pulumi mocks: every component, config flowing into the objects, every object
+valid against the real schemas, the policies, and bad config stopping before any resource."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pulumi
+import pytest
+import yaml
+from conftest import REPO_ROOT, run_module
+
+from infra import policies, render
+from pipeline.config import ConfigError
+from stacks import program
+from stacks.config import parse_stack_config
+
+STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
+CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml"}
+ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}
+WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"
+
+
+def stack_values(**sections: dict) -> dict[str, str]:
+    """Pulumi.local.yaml's values with some sections' keys changed, in the engine's wire format."""
+    values = render.pulumi_values(STACK_FILE)
+    for section, changes in sections.items():
+        key = f"dist-ml:{section}"
+        merged = {**json.loads(values.get(key, "{}")), **changes}
+        values[key] = json.dumps({k: v for k, v in merged.items() if v is not None})
+    return values
+
+
+@pytest.fixture(scope="module")
+def default_stack() -> render.Rendered:
+    return render.render("local", render.pulumi_values(STACK_FILE))
+
+
+def objects_of(rendered: render.Rendered, kind: str) -> list[dict]:
+    return [o for o in rendered.objects if o["kind"] == kind]
+
+
+def embedded(template: dict, name: str) -> dict:
+    (found,) = [t for t in template["spec"]["templates"] if t["name"] == name]
+    return yaml.safe_load(found["resource"]["manifest"].replace("{{workflow.name}}", WORKFLOW_NAME))
+
+
+def test_the_graph_holds_every_component(default_stack):
+    types = {resource.type for resource in default_stack.resources}
+    for component in ("K3dCluster", "LocalImages", "Platform", "PvcStorage", "Pipeline", "Serving"):
+        assert f"dist-ml:infra:{component}" in types
+    commands = [r.inputs["create"] for r in default_stack.of_type("command:local:Command")]
+    assert any(c.startswith("k3d cluster create dist-ml --servers=1 --agents=0 "
+                            "--image=rancher/k3s:v1.33.4-k3s1") for c in commands)
+    assert sum("k3d image import dist-ml/" in c for c in commands) == 2
+    (operator,) = default_stack.of_type("kubernetes:kustomize/v2:Directory")
+    assert operator.inputs["directory"].endswith("manifests/overlays/standalone?ref=v1.9.4")
+    files = {r.inputs["file"] for r in default_stack.of_type("kubernetes:yaml/v2:ConfigFile")}
+    assert "https://github.com/argoproj/argo-workflows/releases/download/v4.1.2/install.yaml" in files
+    assert any("cert-manager/releases/download/v1.17.0/" in f for f in files)
+    charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs for r in
+              default_stack.of_type("kubernetes:helm.sh/v4:Chart")}
+    assert set(charts) == {"kserve-crd", "kserve-resources", "kserve-runtime-configs"}
+    assert {c["version"] for c in charts.values()} == {"v0.20.0"}
+    assert charts["kserve-resources"]["values"]["kserve"]["controller"]["deploymentMode"] == "Standard"
+    kinds = {o["kind"] for o in default_stack.objects}
+    assert {"PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+            "WorkflowTemplate", "InferenceService", "Deployment", "Service"} <= kinds
+    assert "Workflow" not in kinds  # pipeline.runOnUp is false
+
+
+def validate_all(rendered: render.Rendered, validate_crd, argo_line: str) -> None:
+    kubernetes_version = parse_stack_config(
+        render.from_pulumi_values(render.pulumi_values(STACK_FILE))).cluster.kubernetes_version
+    for manifest in rendered.objects:
+        kind = manifest["kind"]
+        if kind in ("Workflow", "WorkflowTemplate"):
+            crd = ARGO_CRDS[argo_line].format(plural=kind.lower() + "s")
+            assert validate_crd(crd, manifest) == [], kind
+            for template in manifest["spec"].get("templates", []):
+                if "resource" in template:
+                    inner = embedded(manifest, template["name"])
+                    assert validate_crd(CRDS[inner["kind"]], inner) == [], template["name"]
+        elif kind in CRDS:
+            assert validate_crd(CRDS[kind], manifest) == [], kind
+        else:
+            kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+
+
+def test_every_declared_object_validates_against_the_real_schemas(default_stack, validate_crd):
+    validate_all(default_stack, validate_crd, "v4")
+
+
+def test_config_changes_the_objects(validate_crd):
+    rendered = render.render("local", stack_values(
+        pipeline={"workers": 3, "variants": ["cnn"], "runOnUp": True},
+        serving={"minReplicas": 2, "maxReplicas": 5, "scaleTarget": 50},
+        platform={"argoVersion": "v3.7.18", "kserveVersion": "v0.19.0", "trainingOperatorVersion": "v1.9.3"},
+        storage={"size": "25Gi"},
+    ))
+    validate_all(rendered, validate_crd, "v3")
+    (template,) = objects_of(rendered, "WorkflowTemplate")
+    trains = [t["name"] for t in template["spec"]["templates"] if t["name"].startswith("train-")]
+    assert trains == ["train-cnn"]
+    assert embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 3
+    (isvc,) = objects_of(rendered, "InferenceService")
+    predictor = isvc["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"], predictor["scaleTarget"]) == (2, 5, 50)
+    assert embedded(template, "serve")["spec"] == isvc["spec"]  # the pipeline applies the same object
+    assert {r.inputs["version"] for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")} == {"v0.19.0"}
+    files = {r.inputs["file"] for r in rendered.of_type("kubernetes:yaml/v2:ConfigFile")}
+    assert any("argo-workflows/releases/download/v3.7.18/" in f for f in files)
+    (operator,) = rendered.of_type("kubernetes:kustomize/v2:Directory")
+    assert operator.inputs["directory"].endswith("?ref=v1.9.3")
+    (claim,) = objects_of(rendered, "PersistentVolumeClaim")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "25Gi"
+    (run,) = objects_of(rendered, "Workflow")
+    assert run["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
+
+
+def test_knative_mode_installs_knative_and_may_scale_on_concurrency(validate_crd):
+    rendered = render.render("local", stack_values(
+        platform={"kserveDeploymentMode": "Knative"},
+        serving={"scaleMetric": "concurrency", "scaleTarget": 1}))
+    files = [r.inputs["file"] for r in rendered.of_type("kubernetes:yaml/v2:ConfigFile")]
+    assert any("knative/serving/releases/download/knative-v1.19.0/serving-core.yaml" in f for f in files)
+    (isvc,) = objects_of(rendered, "InferenceService")
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Knative"
+    assert validate_crd(CRDS["InferenceService"], isvc) == []
+
+
+def test_policies_hold_and_are_not_blind(default_stack):
+    assert policies.violations(default_stack.objects) == []
+    assert policies.secret_outputs(["kubeconfig"], default_stack.secret_outputs) == []
+    bad = [
+        {"kind": "ClusterRoleBinding", "metadata": {"name": "x"}, "roleRef": {"name": "cluster-admin"}},
+        {"kind": "Deployment", "metadata": {"name": "y"}, "spec": {"template": {"spec": {"containers": [
+            {"name": "c", "image": "busybox:latest", "resources": {"requests": {"cpu": "1"}}}]}}}},
+    ]
+    found = policies.violations(bad)
+    assert any("binds cluster-admin" in v for v in found)
+    assert any("no requests for memory" in v for v in found) and any("no limits for cpu" in v for v in found)
+    assert any("busybox:latest is not pinned" in v for v in found)
+    assert policies.secret_outputs(["kubeconfig"], set()) == ["stack output kubeconfig is not secret"]
+
+
+def test_images_are_tagged_from_their_content(default_stack):
+    (template,) = objects_of(default_stack, "WorkflowTemplate")
+    (isvc,) = objects_of(default_stack, "InferenceService")
+    trainer = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert trainer["containers"][0]["image"].startswith("dist-ml/trainer:")
+    assert isvc["spec"]["predictor"]["containers"][0]["image"].startswith("dist-ml/serving:")
+    assert trainer["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+
+BAD_STACK_CONFIG = [
+    ({"cluster": {"agents": 1}}, "cluster.agents: pods on several nodes share the storage volume"),
+    ({"serving": {"scaleMetric": "rps"}}, "serving.scaleMetric: rps autoscaling needs"),
+    ({"pipeline": {"workers": 0}}, "pipeline.workers: must be an integer >= 1"),
+    ({"pipeline": {"variants": ["vgg"]}}, "pipeline.variants: unknown variant 'vgg'"),
+    ({"pipeline": {"storageRoot": "/data"}}, "pipeline.storageRoot: applies only to the local engine"),
+    ({"serving": {"httpPort": 9000}}, "serving.httpPort: applies only to the local engine"),
+    ({"pipeline": {"runOnUp": "yes"}}, "pipeline.runOnUp: must be true or false"),
+    ({"platform": {"argoVersion": "v2.12.0"}}, "platform.argoVersion: must be an Argo Workflows release"),
+    ({"platform": {"kserveVersion": "0.20"}}, "platform.kserveVersion: must be a release tag"),
+    ({"cluster": {"k3sImage": "rancher/k3s:latest"}}, "cluster.k3sImage: must be a rancher/k3s image"),
+    ({"cluster": {"kind": None}}, "cluster.kind: is required"),
+    ({"storage": {"accessMode": "ReadOnlyMany"}}, "storage.accessMode: must be one of"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), BAD_STACK_CONFIG,
+                         ids=[m.split(":")[0] for _, m in BAD_STACK_CONFIG])
+def test_bad_stack_config_fails_naming_the_key_before_any_resource(changes, message):
+    values = stack_values(**{section: keys for section, keys in changes.items()})
+    mocks = render.install_mocks("local", values)
+    with pytest.raises(pulumi.RunError) as error:
+        program.main()
+    assert str(error.value).startswith(f"stack config: {message}")
+    assert mocks.declared == []
+
+
+def test_an_unknown_key_is_an_error():
+    with pytest.raises(ConfigError, match="^replicas: unknown setting"):
+        parse_stack_config({"cluster": {"kind": "k3d"}, "replicas": 3})
+
+
+def test_render_writes_one_file_per_object_and_a_summary(tmp_path):
+    result = run_module("infra.render", "--stack", "local", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    files = {path.name for path in tmp_path.iterdir()}
+    assert {"workflowtemplate-dist-ml-dist-ml-pipeline.yaml", "inferenceservice-dist-ml-fmnist.yaml",
+            "persistentvolumeclaim-dist-ml-dist-ml-storage.yaml", "summary.txt"} <= files
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "oci://ghcr.io/kserve/charts/kserve-resources" in summary and "v0.20.0" in summary
+    assert "kubeconfig: [secret]" in summary
+    assert "apiVersion: v1\nkind: Config" not in summary
