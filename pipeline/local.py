@@ -8,7 +8,8 @@
   Ingest's key is the data source plus the dataset's checksums (valid for `memoizeMaxAge`);
   training's and selection's keys are their commands, replicas, the trainer's code and the
   digests of what their inputs came from.
-- Logs: STORAGE_ROOT/logs/<time>-<pid>/<step>/worker-<i>.log. Ctrl-C or SIGTERM stops every child.
+- Logs: STORAGE_ROOT/logs/<time>-<pid>/<step>/worker-<i>.log; the steps' own WARNING lines are
+  repeated on the console. Ctrl-C or SIGTERM stops every child.
 """
 
 from __future__ import annotations
@@ -202,6 +203,8 @@ class LocalRun:
             self.output_digests[step.name] = self.outputs_digest(step)
             self.memo.record(step.name, self.keys[step.name], seconds, self.output_digests[step.name])
             self.outcomes[step.name] = Outcome(step.name, seconds, memoized=False)
+            for warning in warnings_in(attempt.workers):
+                self.print(f"{self.elapsed()} {step.name}: {warning}")
             self.print(f"{self.elapsed()} {step.name}: finished in {seconds:.1f}s")
             return
         failed = launch.first_failure(attempt.workers)
@@ -241,6 +244,17 @@ class LocalRun:
         version = model_repository.latest_version(Path(self.layout.models), self.config.model_name)
         version_dir = self.version_dir(version)
         return json.loads((version_dir / SELECTION_FILE).read_text()), version_dir
+
+
+def warnings_in(workers: Sequence[launch.Worker]) -> list[str]:
+    """Our steps' own WARNING lines (a fallback data source, say), which belong on the console."""
+    found = []
+    for worker in workers:
+        for line in worker.log_path.read_text(errors="replace").splitlines():
+            _, marker, message = line.partition(": WARNING: ")
+            if marker and f"WARNING: {message}" not in found:
+                found.append(f"WARNING: {message}")
+    return found
 
 
 def example_image(data_dir: Path) -> tuple[bytes, str]:

@@ -48,9 +48,13 @@ def trainers(pipeline: subprocess.Popen) -> list[psutil.Process]:
 
 def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_dir, tmp_path):
     root = tmp_path / "root"
-    args = run_args(sample_dir, root, "--variants", "cnn", "cnn_dropout", "--epochs", "2")
+    # Nothing listens on port 9: the mirror is unreachable and ingest falls back to the sample.
+    args = [*run_args(sample_dir, root, "--variants", "cnn", "cnn_dropout"),
+            "--data-source", "http://127.0.0.1:9/", "--fallback-source", str(sample_dir), "--epochs", "2"]
     first = run_module("pipeline", *args)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert re.search(r"\] ingest: WARNING: http://127\.0\.0\.1:9/\S+: unreachable .*; using the fallback ",
+                     first.stdout)
     for step in ("ingest", "train-cnn", "train-cnn-dropout", "select"):
         assert re.search(rf"\] {step}: finished in [0-9.]+s", first.stdout), step
     assert re.search(r"^cnn_dropout +[01]\.\d{4} +[0-9.]+s", first.stdout, re.MULTILINE)
@@ -132,3 +136,4 @@ def test_bad_engine_flags_are_config_errors(tmp_path, flags):
     result = run_module("pipeline", "run", "--storage-root", tmp_path / "root", *flags)
     assert result.returncode == 2 and "pipeline: error: config: pipeline." in last_line(result.stderr)
     assert not (tmp_path / "root").exists()
+
