@@ -29,7 +29,7 @@ SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 @dataclasses.dataclass(frozen=True)
 class PipelineArgs:
     config: PipelineConfig
-    target: ClusterTarget
+    target: pulumi.Input[ClusterTarget]  # an Output where images are known only after a push
     namespace: str
     run_on_up: bool
     provider: k8s.Provider
@@ -37,11 +37,13 @@ class PipelineArgs:
     service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
 
 
-def custom_resource(name: str, manifest: dict, namespace: str,
-                    opts: pulumi.ResourceOptions, **metadata: object) -> k8s.apiextensions.CustomResource:
+def custom_resource(name: str, kind: str, manifest: pulumi.Output[dict], namespace: str,
+                    opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource:
+    """A typed CustomResource of a rendered manifest (an Output, as the images may be). Its kind
+    and API version are plain strings: they make the resource's type."""
     return k8s.apiextensions.CustomResource(
-        name, api_version=manifest["apiVersion"], kind=manifest["kind"],
-        metadata={**manifest["metadata"], "namespace": namespace, **metadata},
+        name, api_version=argo.API_VERSION, kind=kind,
+        metadata=manifest["metadata"].apply(lambda metadata: {**metadata, "namespace": namespace}),
         spec=manifest["spec"], opts=opts)
 
 
@@ -66,19 +68,21 @@ class PipelineResources(pulumi.ComponentResource):
             subjects=[{"kind": "ServiceAccount", "name": account, "namespace": args.namespace}],
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[role]))
 
-        objects = argo.render_objects(args.config, args.target)
-        cache = objects["memoize-cache.yaml"]
+        objects = pulumi.Output.from_input(args.target).apply(
+            lambda target: argo.render_objects(args.config, target))
+        cache = argo.memo_cache()
         memo_cache = k8s.core.v1.ConfigMap(
             f"{name}-memoize-cache", metadata={**cache["metadata"], "namespace": args.namespace},
             opts=on_cluster)
         needs = pulumi.ResourceOptions(parent=self, provider=args.provider,
                                        depends_on=[*args.depends_on, service_account, binding, memo_cache])
         self.workflow_template = custom_resource(
-            f"{name}-workflow-template", objects["workflowtemplate.yaml"], args.namespace, needs)
+            f"{name}-workflow-template", "WorkflowTemplate", objects["workflowtemplate.yaml"],
+            args.namespace, needs)
         if args.run_on_up:
-            run = objects["workflow.yaml"]
-            # Pulumi names it (dist-ml-pipeline-run-<suffix>) in place of Argo's generateName.
-            run["metadata"] = {"labels": run["metadata"]["labels"], "annotations": SKIP_AWAIT}
-            custom_resource(f"{name}-run", run, args.namespace, pulumi.ResourceOptions.merge(
+            # Pulumi names it (pipeline-run-<suffix>) in place of Argo's generateName.
+            run = objects["workflow.yaml"].apply(lambda workflow: {**workflow, "metadata": {
+                "labels": workflow["metadata"]["labels"], "annotations": SKIP_AWAIT}})
+            custom_resource(f"{name}-run", "Workflow", run, args.namespace, pulumi.ResourceOptions.merge(
                 needs, pulumi.ResourceOptions(depends_on=[self.workflow_template])))
         self.register_outputs({"workflowTemplate": self.workflow_template.metadata["name"]})

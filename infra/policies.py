@@ -84,3 +84,34 @@ OBJECT_POLICIES = (no_cluster_admin, requests_and_limits, pinned_images)
 
 def violations(objects: Sequence[dict]) -> list[str]:
     return [violation for policy in OBJECT_POLICIES for violation in policy(objects)]
+
+
+# Google Cloud resources, as declared (type token and inputs, camelCase as Pulumi sends them).
+BUCKET = "gcp:storage/bucket:Bucket"
+SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
+
+
+def private_buckets(resources: Sequence) -> list[str]:
+    """Every bucket: public access prevention enforced, uniform bucket-level access, versioning."""
+    violations = []
+    for bucket in (r for r in resources if r.type == BUCKET):
+        inputs = bucket.inputs
+        if inputs.get("publicAccessPrevention") != "enforced":
+            violations.append(f"bucket {bucket.name}: public access prevention is not enforced")
+        if inputs.get("uniformBucketLevelAccess") is not True:
+            violations.append(f"bucket {bucket.name}: uniform bucket-level access is off")
+        if (inputs.get("versioning") or {}).get("enabled") is not True:
+            violations.append(f"bucket {bucket.name}: versioning is off")
+    return violations
+
+
+def no_service_account_keys(resources: Sequence) -> list[str]:
+    return [f"{r.name}: a service account key; use Workload Identity" for r in resources
+            if r.type == SERVICE_ACCOUNT_KEY]
+
+
+CLOUD_POLICIES = (private_buckets, no_service_account_keys)
+
+
+def cloud_violations(resources: Sequence) -> list[str]:
+    return [violation for policy in CLOUD_POLICIES for violation in policy(resources)]

@@ -1,6 +1,6 @@
 """Run a stack's program under Pulumi mocks and write what it declares, for review and for tests.
 
-    python -m infra.render --stack local --out DIR
+    python -m infra.render --stack local|gke --out DIR
 
 Reads Pulumi.<stack>.yaml as the Pulumi engine would and writes every Kubernetes object as YAML,
 one file per object, plus summary.txt: the other resources (charts and kustomize installs with their
@@ -26,7 +26,14 @@ from trainer import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAKE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# rendered under Pulumi mocks\n"
+FAKE_DIGEST = "0" * 64
 # Remote components: Pulumi expands these on a real cluster; under mocks only their inputs show.
+GCP_KEY_SETTINGS = (
+    "name", "project", "location", "releaseChannel", "workloadIdentityConfig", "removeDefaultNodePool",
+    "deletionProtection", "addonsConfig", "cluster", "autoscaling", "nodeConfig", "repositoryId", "format",
+    "uniformBucketLevelAccess", "publicAccessPrevention", "versioning", "lifecycleRules", "accountId",
+    "bucket", "role", "member", "serviceAccountId",
+)
 REMOTE_COMPONENTS = ("kubernetes:helm.sh/v4:Chart", "kubernetes:kustomize/v2:Directory",
                      "kubernetes:yaml/v2:ConfigFile")
 
@@ -68,7 +75,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom)))
         state = dict(args.inputs)
         if args.typ == "command:local:Command":
-            state["stdout"] = FAKE_KUBECONFIG if "kubeconfig" in str(args.inputs.get("create")) else ""
+            state["stdout"] = command_output(args.inputs)
+        elif args.typ == "gcp:serviceaccount/account:Account":
+            email = f"{args.inputs['accountId']}@{args.inputs.get('project')}.iam.gserviceaccount.com"
+            state.update(email=email, name=f"projects/{args.inputs.get('project')}/serviceAccounts/{email}")
+        elif args.typ == "gcp:container/cluster:Cluster":
+            state.update(endpoint="203.0.113.10", masterAuth={"clusterCaCertificate": "RkFLRS1DQQ=="})
+        elif args.typ == "gcp:storage/bucket:Bucket":
+            state["url"] = f"gs://{args.inputs.get('name')}"
         if args.typ.startswith("kubernetes:") and "metadata" in state:
             # As the provider autonames: the resource's name when the manifest gives none.
             state["metadata"] = {"name": args.name, **state["metadata"]}
@@ -90,6 +104,16 @@ def integral_floats_as_ints(value: Any) -> Any:
 
 
 HEAD_KEYS = ("apiVersion", "kind", "metadata")
+
+
+def command_output(inputs: dict) -> str:
+    """What a command prints: a kubeconfig, or the digest of a pushed image."""
+    if "kubeconfig" in str(inputs.get("create")):
+        return FAKE_KUBECONFIG
+    if "RepoDigests" in str(inputs.get("create")):
+        repository = inputs["environment"]["IMAGE"].rpartition(":")[0]
+        return f"{repository}@sha256:{FAKE_DIGEST}\n"
+    return ""
 
 
 def kubernetes_object(resource: Declared) -> dict:
@@ -160,6 +184,9 @@ def summary(rendered: Rendered) -> str:
             detail = {key: resource.inputs[key] for key in keys if resource.inputs.get(key)}
         elif resource.type == "command:local:Command":
             detail = {key: resource.inputs[key] for key in ("create", "delete") if resource.inputs.get(key)}
+        elif resource.type.startswith("gcp:"):
+            detail = {key: value for key, value in integral_floats_as_ints(resource.inputs).items()
+                      if key in GCP_KEY_SETTINGS}
         elif resource.type.startswith("pulumi:providers:"):
             detail = {key: value for key, value in resource.inputs.items() if key in ("namespace",)}
         else:

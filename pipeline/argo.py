@@ -39,6 +39,7 @@ WORKFLOW_TEMPLATE_NAME = "dist-ml-pipeline"
 MEMO_CACHE_NAME = "dist-ml-memoize"
 MEMO_CACHE_LABEL = "workflows.argoproj.io/configmap-type"
 ENTRYPOINT = "pipeline"
+API_VERSION = "argoproj.io/v1alpha1"
 SUPPORTED_ARGO_VERSION = re.compile(r"^v[34]\.[0-9]+\.[0-9]+$")
 MAIN_CONTAINER = "main"
 
@@ -141,13 +142,15 @@ def workflow_template(config: PipelineConfig, target: ClusterTarget = ClusterTar
     }
     if config.parallelism:
         spec["parallelism"] = config.parallelism
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate",
+    if target.storage.pod_annotations:
+        spec["podMetadata"] = {"annotations": dict(target.storage.pod_annotations)}
+    return {"apiVersion": API_VERSION, "kind": "WorkflowTemplate",
             "metadata": {"name": WORKFLOW_TEMPLATE_NAME, "labels": dict(PART_OF)}, "spec": spec}
 
 
 def workflow() -> dict:
     """A run of the template: `argo submit` it, or `kubectl create -f` it."""
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+    return {"apiVersion": API_VERSION, "kind": "Workflow",
             "metadata": {"generateName": f"{WORKFLOW_TEMPLATE_NAME}-", "labels": dict(PART_OF)},
             "spec": {"workflowTemplateRef": {"name": WORKFLOW_TEMPLATE_NAME}}}
 

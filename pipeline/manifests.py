@@ -29,8 +29,11 @@ TFJOB_CONTAINER = "tensorflow"  # the training operator requires this name
 KSERVE_CONTAINER = "kserve-container"
 KSERVE_MODEL_DIR = "/mnt/models"  # where KServe puts what storageUri points at
 SERVING_HTTP_PORT = 8080  # KServe routes to this port of the predictor
+PREDICTOR_PORT_NAME = "http1"  # KServe's name for it; also where Prometheus scrapes /metrics
 PART_OF = {"app.kubernetes.io/part-of": "dist-ml"}
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+ISVC_API_VERSION = "serving.kserve.io/v1beta1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,7 @@ class ClusterStorage:
     """The volume every pipeline pod mounts at CLUSTER_STORAGE_ROOT, and the URI of its root for KServe."""
     volume_source: dict  # a Kubernetes volume without its name
     uri: str  # pvc://CLAIM or gs://BUCKET: the volume's root as a KServe storageUri
+    pod_annotations: dict = dataclasses.field(default_factory=dict)  # what pods mounting it need
 
     def model_uri(self, *parts: str) -> str:
         return posixpath.join(self.uri, *parts)
@@ -59,6 +63,15 @@ def pvc_storage(claim_name: str = STORAGE_CLAIM_NAME) -> ClusterStorage:
     return ClusterStorage({"persistentVolumeClaim": {"claimName": claim_name}}, f"pvc://{claim_name}")
 
 
+def gcs_storage(bucket: str) -> ClusterStorage:
+    """A GCS bucket mounted by GKE's Cloud Storage FUSE CSI driver, which injects its sidecar into
+    pods annotated for it; the pod's service account needs access through Workload Identity."""
+    return ClusterStorage(
+        {"csi": {"driver": GCS_FUSE_DRIVER,
+                 "volumeAttributes": {"bucketName": bucket, "mountOptions": "implicit-dirs"}}},
+        f"gs://{bucket}", pod_annotations={"gke-gcsfuse/volumes": "true"})
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterTarget:
     """What a cluster gives the rendered objects: images, storage, and its platform's settings."""
@@ -68,6 +81,7 @@ class ClusterTarget:
     kserve_deployment_mode: str | None = None  # None: the KServe installation's default
     predictor_service_account: str | None = None
     logger_url: str | None = None  # where the predictor's KServe logger posts CloudEvents
+    training_tolerations: tuple[dict, ...] = ()  # e.g. a GPU pool's taint
 
 
 def cluster_layout() -> Layout:
@@ -82,6 +96,20 @@ def container(step: Step, name: str, images: Images) -> dict:
     return {"name": name, "image": images.of(step), "imagePullPolicy": "IfNotPresent",
             "command": step.command, "volumeMounts": [storage_mount()],
             "resources": step.resources.as_manifest()}
+
+
+def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labels: dict) -> dict:
+    metadata: dict = {"labels": labels}
+    if target.storage.pod_annotations:
+        metadata["annotations"] = dict(target.storage.pod_annotations)
+    spec: dict = {
+        "serviceAccountName": config.service_account_name,
+        "containers": [container(step, TFJOB_CONTAINER, target.images)],
+        "volumes": [target.storage.volume()],
+    }
+    if target.training_tolerations:
+        spec["tolerations"] = [dict(toleration) for toleration in target.training_tolerations]
+    return {"metadata": metadata, "spec": spec}
 
 
 def tfjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: str | None = None) -> dict:
@@ -101,14 +129,7 @@ def tfjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: str |
                 "Worker": {
                     "replicas": step.replicas,
                     "restartPolicy": "OnFailure",
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "serviceAccountName": config.service_account_name,
-                            "containers": [container(step, TFJOB_CONTAINER, target.images)],
-                            "volumes": [target.storage.volume()],
-                        },
-                    },
+                    "template": pod_template(config, step, target, labels),
                 },
             },
         },
@@ -145,14 +166,14 @@ def inference_service(config: PipelineConfig, target: ClusterTarget) -> dict:
             "args": [*serve_args(config, KSERVE_MODEL_DIR), "--http-port", str(SERVING_HTTP_PORT)],
             # A custom container gets its model through the storage initializer, as built-in ones do.
             "env": [{"name": "STORAGE_URI", "value": storage.model_uri("models")}],
-            "ports": [{"containerPort": SERVING_HTTP_PORT, "protocol": "TCP"}],
+            "ports": [{"name": PREDICTOR_PORT_NAME, "containerPort": SERVING_HTTP_PORT, "protocol": "TCP"}],
             "resources": resources,
         }]
     metadata: dict = {"name": config.model_name, "labels": dict(PART_OF)}
     if target.kserve_deployment_mode:
         metadata["annotations"] = {DEPLOYMENT_MODE_ANNOTATION: target.kserve_deployment_mode}
     return {
-        "apiVersion": "serving.kserve.io/v1beta1",
+        "apiVersion": ISVC_API_VERSION,
         "kind": "InferenceService",
         "metadata": metadata,
         "spec": {"predictor": predictor},

@@ -17,7 +17,7 @@ from pipeline.config import DNS_LABEL, QUANTITY, ConfigError, PipelineConfig, Se
 from pipeline.manifests import DEFAULT_ARGO_VERSION
 
 PROJECT = "dist-ml"
-CLUSTER_KINDS = ("k3d",)  # gke: the GKE issue
+CLUSTER_KINDS = ("k3d", "gke")
 DEPLOYMENT_MODES = ("Standard", "Knative")
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany")
 VERSION = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+$")
@@ -25,7 +25,7 @@ K3S_IMAGE = re.compile(r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-
 # Keys of the shared sections that only the local engine reads.
 LOCAL_ENGINE_ONLY = {"pipeline": ("storageRoot",), "serving": ("httpPort",)}
 STACK_ONLY_PIPELINE_KEYS = {"runOnUp": "also run the pipeline once on `pulumi up`"}
-TOP_LEVEL = ("namespace", "cluster", "platform", "storage", "pipeline", "serving")
+TOP_LEVEL = ("namespace", "cluster", "platform", "storage", "monitoring", "pipeline", "serving")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,28 +61,91 @@ class PlatformConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class NodePoolConfig:
+    machine_type: str
+    min_nodes: int
+    max_nodes: int
+    accelerator_type: str | None = None
+    accelerator_count: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GkeConfig:
+    name: str = "dist-ml"
+    location: str = ""  # a region (regional cluster) or a zone (zonal); default: gcp:region
+    release_channel: str = "REGULAR"
+    deletion_protection: bool = True
+    kubernetes_version: str = "1.33"  # what the rendered objects are validated against
+    cpu_pool: NodePoolConfig = NodePoolConfig("e2-standard-4", 1, 5)
+    spot_pool: NodePoolConfig | None = None  # preemptible capacity for training
+    gpu_pool: NodePoolConfig | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GcpConfig:
+    project: str
+    region: str
+
+
+@dataclasses.dataclass(frozen=True)
 class StorageConfig:
+    """The PVC of a k3d cluster."""
     size: str = "10Gi"
     access_mode: str = "ReadWriteOnce"
     storage_class: str = "local-path"  # k3s's provisioner
 
 
 @dataclasses.dataclass(frozen=True)
+class GcsConfig:
+    """The bucket of a GKE cluster."""
+    bucket_name: str
+    checkpoint_retention_days: int = 30  # older objects under checkpoints/ are deleted
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitoringConfig:
+    enabled: bool
+    kube_prometheus_stack_version: str = "80.4.1"
+
+
+@dataclasses.dataclass(frozen=True)
 class StackConfig:
     cluster_kind: str
     namespace: str
-    cluster: K3dConfig
+    cluster: K3dConfig | GkeConfig
     platform: PlatformConfig
-    storage: StorageConfig
+    storage: StorageConfig | GcsConfig
+    monitoring: MonitoringConfig
     pipeline: PipelineConfig
     run_on_up: bool
+    gcp: GcpConfig | None = None  # gke only
 
 
-CLUSTER_KEYS = {"kind": "k3d or gke", "name": "cluster name", "servers": "k3s servers",
-                "agents": "k3s agents", "k3sImage": "rancher/k3s image", "ports": "host port mappings"}
+K3D_KEYS = {"servers": "", "agents": "", "k3sImage": "", "ports": ""}
+GKE_KEYS = {"location": "", "releaseChannel": "", "deletionProtection": "", "kubernetesVersion": "",
+            "nodePools": ""}
+CLUSTER_KEYS = {"kind": "k3d or gke", "name": "cluster name", **K3D_KEYS, **GKE_KEYS}
 PLATFORM_KEYS = {"trainingOperatorVersion": "", "argoVersion": "", "certManagerVersion": "",
                  "kserveVersion": "", "kserveDeploymentMode": "", "knativeVersion": ""}
-STORAGE_KEYS = {"size": "", "accessMode": "", "storageClass": ""}
+PVC_KEYS = {"size": "", "accessMode": "", "storageClass": ""}
+GCS_KEYS = {"bucketName": "", "checkpointRetentionDays": ""}
+STORAGE_KEYS = {**PVC_KEYS, **GCS_KEYS}
+MONITORING_KEYS = {"enabled": "", "kubePrometheusStackVersion": ""}
+NODE_POOL_KEYS = {"enabled": "", "machineType": "", "minNodes": "", "maxNodes": "", "acceleratorType": "",
+                  "acceleratorCount": ""}
+RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
+GCP_KEYS = ("project", "region")
+GCS_BUCKET = re.compile(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$")
+KUBERNETES_VERSION = re.compile(r"^1\.[0-9]+$")
+# GKE's taint on GPU nodes; training pods tolerate it only when a GPU pool exists.
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def _not_for(section: Section, keys: Mapping[str, str], kind: str) -> None:
+    """Keys of the other cluster kind are errors, not silently ignored."""
+    for key in keys:
+        if key in section.raw:
+            raise section.fail(key, f"does not apply to cluster.kind {kind}")
 
 
 def _ports(section: Section) -> tuple[PortMapping, ...]:
@@ -101,13 +164,10 @@ def _ports(section: Section) -> tuple[PortMapping, ...]:
     return tuple(ports)
 
 
-def _cluster(raw: Any) -> tuple[str, K3dConfig]:
-    section = Section("cluster", raw, CLUSTER_KEYS)
-    kind = section.text("kind", None, allowed=CLUSTER_KINDS)
-    if kind is None:
-        raise section.fail("kind", f"is required: one of {', '.join(CLUSTER_KINDS)}")
+def _k3d(section: Section) -> K3dConfig:
+    _not_for(section, GKE_KEYS, "k3d")
     defaults = K3dConfig()
-    cluster = K3dConfig(
+    return K3dConfig(
         name=section.text("name", defaults.name, pattern=DNS_LABEL, what="a DNS-1123 label"),
         servers=section.integer("servers", defaults.servers, 1),
         agents=section.integer("agents", defaults.agents, 0),
@@ -115,7 +175,72 @@ def _cluster(raw: Any) -> tuple[str, K3dConfig]:
                                what="a rancher/k3s image like rancher/k3s:v1.33.4-k3s1"),
         ports=_ports(section),
     )
-    return kind, cluster
+
+
+def _node_pool(parent: Section, name: str, default: NodePoolConfig | None,
+               accelerated: bool = False) -> NodePoolConfig | None:
+    section = Section(parent.key(name), parent.raw.get(name), NODE_POOL_KEYS)
+    optional = default is None
+    if optional and not section.flag("enabled", False):
+        if set(section.raw) - {"enabled"}:
+            raise section.fail("enabled", "is false, so the pool's other settings do nothing; "
+                                          "set enabled: true or remove them")
+        return None
+    if not optional and "enabled" in section.raw:
+        raise section.fail("enabled", "the CPU pool always exists")
+    base = default or NodePoolConfig("e2-standard-8" if not accelerated else "n1-standard-4", 0, 3)
+    pool = NodePoolConfig(
+        machine_type=section.text("machineType", base.machine_type),
+        min_nodes=section.integer("minNodes", base.min_nodes, 0),
+        max_nodes=section.integer("maxNodes", base.max_nodes, 1),
+        accelerator_type=section.text("acceleratorType", "nvidia-tesla-t4" if accelerated else None),
+        accelerator_count=section.integer("acceleratorCount", 1 if accelerated else 0, 0),
+    )
+    if pool.max_nodes < pool.min_nodes:
+        raise section.fail("maxNodes", f"must be >= minNodes ({pool.min_nodes}), got {pool.max_nodes}")
+    if not accelerated and ("acceleratorType" in section.raw or "acceleratorCount" in section.raw):
+        raise section.fail("acceleratorType", "accelerators belong in nodePools.gpu")
+    if accelerated and pool.accelerator_count < 1:
+        raise section.fail("acceleratorCount", "must be >= 1 for a GPU pool")
+    return pool
+
+
+def _gke(section: Section, gcp: GcpConfig) -> GkeConfig:
+    _not_for(section, K3D_KEYS, "gke")
+    defaults = GkeConfig()
+    pools = Section(section.key("nodePools"), section.raw.get("nodePools"),
+                    {"cpu": "", "spot": "", "gpu": ""})
+    return GkeConfig(
+        name=section.text("name", defaults.name, pattern=DNS_LABEL, what="a DNS-1123 label"),
+        location=section.text("location", gcp.region),
+        release_channel=section.text("releaseChannel", defaults.release_channel, allowed=RELEASE_CHANNELS),
+        deletion_protection=section.flag("deletionProtection", defaults.deletion_protection),
+        kubernetes_version=section.text("kubernetesVersion", defaults.kubernetes_version,
+                                        pattern=KUBERNETES_VERSION, what="a version like 1.33"),
+        cpu_pool=_node_pool(pools, "cpu", defaults.cpu_pool),
+        spot_pool=_node_pool(pools, "spot", None),
+        gpu_pool=_node_pool(pools, "gpu", None, accelerated=True),
+    )
+
+
+def _cluster(raw: Any, gcp: GcpConfig | None) -> tuple[str, K3dConfig | GkeConfig]:
+    section = Section("cluster", raw, CLUSTER_KEYS)
+    kind = section.text("kind", None, allowed=CLUSTER_KINDS)
+    if kind is None:
+        raise section.fail("kind", f"is required: one of {', '.join(CLUSTER_KINDS)}")
+    return kind, (_k3d(section) if kind == "k3d" else _gke(section, gcp))
+
+
+def _gcp(kind: str, raw: Mapping[str, Any]) -> GcpConfig | None:
+    given = {key.partition(":")[2]: value for key, value in raw.items() if key.startswith("gcp:")}
+    if kind != "gke":
+        if given:
+            raise ConfigError(f"gcp:{sorted(given)[0]}: applies only to cluster.kind gke")
+        return None
+    for key in GCP_KEYS:
+        if not isinstance(given.get(key), str) or not given[key]:
+            raise ConfigError(f"gcp:{key}: is required on the gke stack (pulumi config set gcp:{key} ...)")
+    return GcpConfig(project=given["project"], region=given["region"])
 
 
 def _platform(raw: Any) -> PlatformConfig:
@@ -137,13 +262,32 @@ def _platform(raw: Any) -> PlatformConfig:
     )
 
 
-def _storage(raw: Any) -> StorageConfig:
+def _storage(raw: Any, kind: str, gcp: GcpConfig | None) -> StorageConfig | GcsConfig:
     section = Section("storage", raw, STORAGE_KEYS)
+    if kind == "gke":
+        _not_for(section, PVC_KEYS, "gke")
+        return GcsConfig(
+            bucket_name=section.text("bucketName", f"{gcp.project}-dist-ml", pattern=GCS_BUCKET,
+                                     what="a bucket name (3-63 of a-z, 0-9, - and _)"),
+            checkpoint_retention_days=section.integer("checkpointRetentionDays", 30, 1),
+        )
+    _not_for(section, GCS_KEYS, kind)
     defaults = StorageConfig()
     return StorageConfig(
         size=section.text("size", defaults.size, pattern=QUANTITY, what="a quantity like 10Gi"),
         access_mode=section.text("accessMode", defaults.access_mode, allowed=ACCESS_MODES),
         storage_class=section.text("storageClass", defaults.storage_class),
+    )
+
+
+def _monitoring(raw: Any, kind: str) -> MonitoringConfig:
+    section = Section("monitoring", raw, MONITORING_KEYS)
+    defaults = MonitoringConfig(enabled=kind == "gke")
+    return MonitoringConfig(
+        enabled=section.flag("enabled", defaults.enabled),
+        kube_prometheus_stack_version=section.text(
+            "kubePrometheusStackVersion", defaults.kube_prometheus_stack_version,
+            pattern=re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$"), what="a chart version like 80.4.1"),
     )
 
 
@@ -166,19 +310,25 @@ def _shared_sections(raw: Mapping[str, Any]) -> tuple[dict, bool]:
 
 
 def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
-    """Typed config of the project's keys without the `dist-ml:` prefix; raises ConfigError."""
-    unknown = sorted(set(raw) - set(TOP_LEVEL))
+    """Typed config of the project's keys (without the `dist-ml:` prefix) and `gcp:` keys (with it);
+    raises ConfigError."""
+    unknown = sorted(key for key in set(raw) - set(TOP_LEVEL) if not key.startswith("gcp:"))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown setting; known: {', '.join(TOP_LEVEL)}")
     namespace = raw.get("namespace", "dist-ml")
     if not isinstance(namespace, str) or not DNS_LABEL.match(namespace):
         raise ConfigError(f"namespace: must be a DNS-1123 label, got {namespace!r}")
-    kind, cluster = _cluster(raw.get("cluster"))
+    cluster_section = Section("cluster", raw.get("cluster"), CLUSTER_KEYS)
+    kind = cluster_section.text("kind", None, allowed=CLUSTER_KINDS)
+    if kind is None:
+        raise cluster_section.fail("kind", f"is required: one of {', '.join(CLUSTER_KINDS)}")
+    gcp = _gcp(kind, raw)
+    kind, cluster = _cluster(raw.get("cluster"), gcp)
     platform = _platform(raw.get("platform"))
-    storage = _storage(raw.get("storage"))
+    storage = _storage(raw.get("storage"), kind, gcp)
     sections, run_on_up = _shared_sections(raw)
     pipeline = parse_config(sections)
-    if cluster.agents > 0 and storage.access_mode != "ReadWriteMany":
+    if isinstance(cluster, K3dConfig) and cluster.agents > 0 and storage.access_mode != "ReadWriteMany":
         raise ConfigError("cluster.agents: pods on several nodes share the storage volume, which needs "
                           "storage.accessMode ReadWriteMany and a storage.storageClass that provides it "
                           "(k3s's local-path is ReadWriteOnce); keep agents 0 otherwise")
@@ -187,18 +337,21 @@ def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
         raise ConfigError(f"serving.scaleMetric: {pipeline.serving.scale_metric} autoscaling needs "
                           "platform.kserveDeploymentMode Knative; Standard mode scales on cpu or memory")
     return StackConfig(cluster_kind=kind, namespace=namespace, cluster=cluster, platform=platform,
-                       storage=storage, pipeline=pipeline, run_on_up=run_on_up)
+                       storage=storage, monitoring=_monitoring(raw.get("monitoring"), kind),
+                       pipeline=pipeline, run_on_up=run_on_up, gcp=gcp)
 
 
 def from_pulumi_values(values: Mapping[str, str], project: str = PROJECT) -> dict[str, Any]:
-    """The project's keys from Pulumi's config map ({"dist-ml:cluster": "<JSON>"}), decoded."""
+    """The project's keys (prefix dropped) and the `gcp:` keys (kept) from Pulumi's config map,
+    where structured values are JSON text."""
     raw = {}
     for key, value in values.items():
         namespace, _, name = key.partition(":")
-        if namespace != project:
-            continue
-        try:
-            raw[name] = json.loads(value) if value[:1] in "{[" else value
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{name}: not valid structured config ({error})") from None
+        if namespace == "gcp":
+            raw[key] = value
+        elif namespace == project:
+            try:
+                raw[name] = json.loads(value) if value[:1] in "{[" else value
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"{name}: not valid structured config ({error})") from None
     return raw

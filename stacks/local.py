@@ -7,6 +7,7 @@ import pulumi_kubernetes as k8s
 
 from infra.images import LocalImages, LocalImagesArgs
 from infra.k3d import K3dCluster, K3dClusterArgs
+from infra.monitoring import Monitoring, MonitoringArgs
 from infra.pipeline import PipelineArgs, PipelineResources
 from infra.platform import ARGO_NAMESPACE, Platform, PlatformArgs
 from infra.serving import Serving, ServingArgs, logger_url
@@ -46,12 +47,16 @@ def define_local_stack(config: StackConfig) -> dict[str, pulumi.Input]:
                            kserve_deployment_mode=platform_config.kserve_deployment_mode,
                            logger_url=logger_url(config.namespace))
     needs = [*platform.ready, *images.imported, storage, namespace]
-    PipelineResources("pipeline", PipelineArgs(
+    pipeline = PipelineResources("pipeline", PipelineArgs(
         config=config.pipeline, target=target, namespace=config.namespace, run_on_up=config.run_on_up,
         provider=cluster.provider, depends_on=needs))
     serving = Serving("serving", ServingArgs(
         config=config.pipeline, target=target, namespace=config.namespace, provider=cluster.provider,
-        depends_on=needs))
+        depends_on=[*needs, pipeline]))
+    if config.monitoring.enabled:
+        Monitoring("monitoring", MonitoringArgs(
+            chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
+            model_name=config.pipeline.model_name, provider=cluster.provider, depends_on=platform.ready))
 
     model = config.pipeline.model_name
     return {

@@ -7,6 +7,7 @@ from pulumi.runtime import config as runtime_config
 
 from pipeline.config import ConfigError
 from stacks.config import StackConfig, from_pulumi_values, parse_stack_config
+from stacks.gke import define_gke_stack
 from stacks.local import define_local_stack
 
 
@@ -16,9 +17,9 @@ def stack_config_values() -> dict[str, str]:
 
 
 def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
-    if config.cluster_kind == "k3d":
-        return define_local_stack(config)
-    raise NotImplementedError(f"cluster.kind {config.cluster_kind} has no program")
+    if config.cluster_kind == "gke":
+        return define_gke_stack(config)
+    return define_local_stack(config)
 
 
 def main() -> None:

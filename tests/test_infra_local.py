@@ -3,13 +3,11 @@ valid against the real schemas, the policies, and bad config stopping before any
 
 from __future__ import annotations
 
-import json
-
-import kubernetes_validate
 import pulumi
 import pytest
-import yaml
+import stack_checks
 from conftest import REPO_ROOT, run_module
+from stack_checks import embedded, objects_of, validate_all
 
 from infra import policies, render
 from pipeline.config import ConfigError
@@ -17,19 +15,11 @@ from stacks import program
 from stacks.config import parse_stack_config
 
 STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
-CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml"}
-ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}
-WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"
+KUBERNETES_VERSION = "1.33"  # of cluster.k3sImage in Pulumi.local.yaml
 
 
 def stack_values(**sections: dict) -> dict[str, str]:
-    """Pulumi.local.yaml's values with some sections' keys changed, in the engine's wire format."""
-    values = render.pulumi_values(STACK_FILE)
-    for section, changes in sections.items():
-        key = f"dist-ml:{section}"
-        merged = {**json.loads(values.get(key, "{}")), **changes}
-        values[key] = json.dumps({k: v for k, v in merged.items() if v is not None})
-    return values
+    return stack_checks.stack_values(STACK_FILE, **sections)
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +27,9 @@ def default_stack() -> render.Rendered:
     return render.render("local", render.pulumi_values(STACK_FILE))
 
 
-def objects_of(rendered: render.Rendered, kind: str) -> list[dict]:
-    return [o for o in rendered.objects if o["kind"] == kind]
-
-
-def embedded(template: dict, name: str) -> dict:
-    (found,) = [t for t in template["spec"]["templates"] if t["name"] == name]
-    return yaml.safe_load(found["resource"]["manifest"].replace("{{workflow.name}}", WORKFLOW_NAME))
+def test_the_stack_files_kubernetes_version_is_the_one_validated_against():
+    config = parse_stack_config(render.from_pulumi_values(render.pulumi_values(STACK_FILE)))
+    assert config.cluster.kubernetes_version == KUBERNETES_VERSION
 
 
 def test_the_graph_holds_every_component(default_stack):
@@ -70,26 +56,8 @@ def test_the_graph_holds_every_component(default_stack):
     assert "Workflow" not in kinds  # pipeline.runOnUp is false
 
 
-def validate_all(rendered: render.Rendered, validate_crd, argo_line: str) -> None:
-    kubernetes_version = parse_stack_config(
-        render.from_pulumi_values(render.pulumi_values(STACK_FILE))).cluster.kubernetes_version
-    for manifest in rendered.objects:
-        kind = manifest["kind"]
-        if kind in ("Workflow", "WorkflowTemplate"):
-            crd = ARGO_CRDS[argo_line].format(plural=kind.lower() + "s")
-            assert validate_crd(crd, manifest) == [], kind
-            for template in manifest["spec"].get("templates", []):
-                if "resource" in template:
-                    inner = embedded(manifest, template["name"])
-                    assert validate_crd(CRDS[inner["kind"]], inner) == [], template["name"]
-        elif kind in CRDS:
-            assert validate_crd(CRDS[kind], manifest) == [], kind
-        else:
-            kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
-
-
 def test_every_declared_object_validates_against_the_real_schemas(default_stack, validate_crd):
-    validate_all(default_stack, validate_crd, "v4")
+    assert validate_all(default_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
 
 
 def test_config_changes_the_objects(validate_crd):
@@ -99,7 +67,7 @@ def test_config_changes_the_objects(validate_crd):
         platform={"argoVersion": "v3.7.18", "kserveVersion": "v0.19.0", "trainingOperatorVersion": "v1.9.3"},
         storage={"size": "25Gi"},
     ))
-    validate_all(rendered, validate_crd, "v3")
+    validate_all(rendered, validate_crd, "v3", KUBERNETES_VERSION)
     (template,) = objects_of(rendered, "WorkflowTemplate")
     trains = [t["name"] for t in template["spec"]["templates"] if t["name"].startswith("train-")]
     assert trains == ["train-cnn"]
@@ -127,7 +95,7 @@ def test_knative_mode_installs_knative_and_may_scale_on_concurrency(validate_crd
     assert any("knative/serving/releases/download/knative-v1.19.0/serving-core.yaml" in f for f in files)
     (isvc,) = objects_of(rendered, "InferenceService")
     assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Knative"
-    assert validate_crd(CRDS["InferenceService"], isvc) == []
+    assert validate_crd(stack_checks.CRDS["InferenceService"], isvc) == []
 
 
 def test_policies_hold_and_are_not_blind(default_stack):

@@ -1,0 +1,123 @@
+"""A GKE cluster with Workload Identity, its node pools managed separately, and a provider for it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+# GKE's own taint on GPU nodes, and ours on spot nodes: only training pods tolerate them.
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}
+NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]  # access is IAM's, via Workload Identity
+KUBERNETES_TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule"}
+
+
+def toleration(taint: dict) -> dict:
+    """The Kubernetes toleration of a GKE node pool taint."""
+    return {"key": taint["key"], "operator": "Equal", "value": taint["value"],
+            "effect": KUBERNETES_TAINT_EFFECTS[taint["effect"]]}
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolArgs:
+    machine_type: str
+    min_nodes: int
+    max_nodes: int
+    spot: bool = False
+    accelerator_type: str | None = None
+    accelerator_count: int = 0
+
+    @property
+    def taints(self) -> list[dict]:
+        return [*([GPU_TAINT] if self.accelerator_type else []), *([SPOT_TAINT] if self.spot else [])]
+
+
+@dataclasses.dataclass(frozen=True)
+class GkeClusterArgs:
+    project: str
+    name: str
+    location: str  # a region: regional cluster; a zone: zonal
+    release_channel: str
+    deletion_protection: bool
+    node_pools: dict[str, NodePoolArgs]  # pool name -> settings; "cpu" always present
+
+
+def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
+    """A kubeconfig that authenticates with gke-gcloud-auth-plugin (no static credentials)."""
+    return f"""apiVersion: v1
+kind: Config
+clusters:
+- name: {name}
+  cluster:
+    server: https://{endpoint}
+    certificate-authority-data: {ca_certificate}
+contexts:
+- name: {name}
+  context:
+    cluster: {name}
+    user: {name}
+current-context: {name}
+users:
+- name: {name}
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1beta1
+      command: gke-gcloud-auth-plugin
+      installHint: Install gke-gcloud-auth-plugin (gcloud components install gke-gcloud-auth-plugin)
+      provideClusterInfo: true
+"""
+
+
+class GkeCluster(pulumi.ComponentResource):
+    kubeconfig: pulumi.Output[str]
+    provider: k8s.Provider
+
+    def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("dist-ml:infra:GkeCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        cluster = gcp.container.Cluster(
+            f"{name}-cluster",
+            name=args.name,
+            project=args.project,
+            location=args.location,
+            # Node pools are separate resources: GKE needs one node to create a cluster, then drops it.
+            remove_default_node_pool=True,
+            initial_node_count=1,
+            deletion_protection=args.deletion_protection,
+            release_channel={"channel": args.release_channel},
+            workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
+            addons_config={"gcs_fuse_csi_driver_config": {"enabled": True}},
+            opts=child,
+        )
+        self.node_pools = [
+            gcp.container.NodePool(
+                f"{name}-{pool_name}-pool",
+                project=args.project,
+                cluster=cluster.name,
+                location=args.location,
+                autoscaling={"total_min_node_count": pool.min_nodes, "total_max_node_count": pool.max_nodes},
+                management={"auto_repair": True, "auto_upgrade": True},
+                node_config={
+                    "machine_type": pool.machine_type,
+                    "spot": pool.spot,
+                    "oauth_scopes": NODE_SCOPES,
+                    # Pods get Google credentials from their Kubernetes service account, never the node's.
+                    "workload_metadata_config": {"mode": "GKE_METADATA"},
+                    "labels": {"dist-ml/pool": pool_name},
+                    "taints": pool.taints,
+                    "guest_accelerators": ([{"type": pool.accelerator_type, "count": pool.accelerator_count}]
+                                           if pool.accelerator_type else []),
+                },
+                opts=child,
+            )
+            for pool_name, pool in args.node_pools.items()
+        ]
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
+            cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate,
+        ).apply(lambda values: kubeconfig(*values)))
+        self.provider = k8s.Provider(f"{name}-provider", kubeconfig=self.kubeconfig,
+                                     opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_pools))
+        self.register_outputs({"kubeconfig": self.kubeconfig, "endpoint": cluster.endpoint})

@@ -1,0 +1,52 @@
+"""An Artifact Registry repository, and the trainer and serving images built and pushed to it; pods
+use them by digest, so what runs is exactly what was pushed."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+import pulumi
+import pulumi_gcp as gcp
+from pulumi_command import local
+
+from infra.images import IMAGE_INPUTS, REPO_ROOT, content_tag
+from pipeline.manifests import Images
+
+REPOSITORY_ID = "dist-ml"
+# The pushed image's digest: what `docker push` registered, as REPOSITORY@sha256:...
+DIGEST_OF = "docker inspect --format '{{index .RepoDigests 0}}' \"$IMAGE\""
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryImagesArgs:
+    project: str
+    region: str
+
+
+class RegistryImages(pulumi.ComponentResource):
+    images: pulumi.Output[Images]
+
+    def __init__(self, name: str, args: RegistryImagesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("dist-ml:infra:RegistryImages", name, None, opts)
+        repository = gcp.artifactregistry.Repository(
+            f"{name}-repository", project=args.project, location=args.region,
+            repository_id=REPOSITORY_ID, format="DOCKER",
+            description="dist-ml trainer and serving images", opts=pulumi.ResourceOptions(parent=self))
+        host = f"{args.region}-docker.pkg.dev"
+        digests = {}
+        for image, inputs in IMAGE_INPUTS.items():
+            ref = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(inputs)}"
+            steps = [shlex.join(["gcloud", "auth", "configure-docker", host, "--quiet"]),
+                     shlex.join(["docker", "build", "-f", f"{image}/Dockerfile", "-t", ref, "."]),
+                     shlex.join(["docker", "push", "--quiet", ref]) + " >&2",
+                     DIGEST_OF]
+            push = local.Command(
+                f"{name}-{image}", create=" && ".join(steps), dir=str(REPO_ROOT),
+                environment={"IMAGE": ref}, triggers=[ref],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[repository]))
+            digests[image] = push.stdout.apply(str.strip)
+        self.images = pulumi.Output.all(digests["trainer"], digests["serving"]).apply(
+            lambda refs: Images(trainer=refs[0], serving=refs[1]))
+        self.register_outputs({"repository": repository.name, "trainer": digests["trainer"],
+                               "serving": digests["serving"]})

@@ -1,0 +1,101 @@
+"""The GKE stack: the local stack's platform, pipeline and serving on a GKE cluster, with a GCS bucket
+through Workload Identity instead of a PVC, images from Artifact Registry by digest, and monitoring."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.gcs import GcsStorage, GcsStorageArgs
+from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, toleration
+from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
+from infra.monitoring import Monitoring, MonitoringArgs
+from infra.pipeline import PipelineArgs, PipelineResources
+from infra.platform import ARGO_NAMESPACE, Platform, PlatformArgs
+from infra.registry import RegistryImages, RegistryImagesArgs
+from infra.serving import Serving, ServingArgs, logger_url
+from pipeline.manifests import ClusterTarget
+from stacks.config import GkeConfig, NodePoolConfig, StackConfig
+
+PREDICTOR_SERVICE_ACCOUNT = "dist-ml-predictor"
+WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
+PORT_FORWARD_PORT = 8080
+
+
+def node_pool(pool: NodePoolConfig, spot: bool = False) -> NodePoolArgs:
+    return NodePoolArgs(machine_type=pool.machine_type, min_nodes=pool.min_nodes, max_nodes=pool.max_nodes,
+                        spot=spot, accelerator_type=pool.accelerator_type,
+                        accelerator_count=pool.accelerator_count)
+
+
+def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
+    pools = {"cpu": node_pool(cluster.cpu_pool)}
+    if cluster.spot_pool:
+        pools["spot"] = node_pool(cluster.spot_pool, spot=True)
+    if cluster.gpu_pool:
+        pools["gpu"] = node_pool(cluster.gpu_pool)
+    return pools
+
+
+def define_gke_stack(config: StackConfig) -> dict[str, pulumi.Input]:
+    cluster_config, platform_config, gcp_config = config.cluster, config.platform, config.gcp
+    pools = node_pools(cluster_config)
+    cluster = GkeCluster("cluster", GkeClusterArgs(
+        project=gcp_config.project, name=cluster_config.name, location=cluster_config.location,
+        release_channel=cluster_config.release_channel,
+        deletion_protection=cluster_config.deletion_protection, node_pools=pools))
+    namespace = k8s.core.v1.Namespace("namespace", metadata={"name": config.namespace},
+                                      opts=pulumi.ResourceOptions(provider=cluster.provider))
+    images = RegistryImages("images", RegistryImagesArgs(project=gcp_config.project,
+                                                         region=gcp_config.region))
+    platform = Platform("platform", PlatformArgs(
+        training_operator_version=platform_config.training_operator_version,
+        argo_version=platform_config.argo_version,
+        cert_manager_version=platform_config.cert_manager_version,
+        kserve_version=platform_config.kserve_version,
+        kserve_deployment_mode=platform_config.kserve_deployment_mode,
+        knative_version=platform_config.knative_version,
+        provider=cluster.provider, kubeconfig=cluster.kubeconfig))
+    pipeline_account = config.pipeline.service_account_name
+    storage = GcsStorage("storage", GcsStorageArgs(
+        project=gcp_config.project, location=gcp_config.region, bucket_name=config.storage.bucket_name,
+        checkpoint_retention_days=config.storage.checkpoint_retention_days, namespace=config.namespace,
+        kubernetes_service_accounts=(pipeline_account, PREDICTOR_SERVICE_ACCOUNT)))
+
+    tolerations = tuple(toleration(taint) for pool in pools.values() for taint in pool.taints)
+    target = images.images.apply(lambda built: ClusterTarget(
+        images=built, storage=storage.storage, argo_version=platform_config.argo_version,
+        kserve_deployment_mode=platform_config.kserve_deployment_mode,
+        predictor_service_account=PREDICTOR_SERVICE_ACCOUNT, logger_url=logger_url(config.namespace),
+        training_tolerations=tolerations))
+    uses_bucket = {WORKLOAD_IDENTITY_ANNOTATION: storage.service_account_email}
+    needs = [*platform.ready, namespace, storage]
+    pipeline = PipelineResources("pipeline", PipelineArgs(
+        config=config.pipeline, target=target, namespace=config.namespace, run_on_up=config.run_on_up,
+        provider=cluster.provider, depends_on=needs, service_account_annotations=uses_bucket))
+    serving = Serving("serving", ServingArgs(
+        config=config.pipeline, target=target, namespace=config.namespace, provider=cluster.provider,
+        depends_on=[*needs, pipeline], predictor_service_account=PREDICTOR_SERVICE_ACCOUNT,
+        predictor_service_account_annotations=uses_bucket))
+    if config.monitoring.enabled:
+        Monitoring("monitoring", MonitoringArgs(
+            chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
+            model_name=config.pipeline.model_name, provider=cluster.provider, depends_on=platform.ready))
+
+    model = config.pipeline.model_name
+    outputs: dict[str, pulumi.Input] = {
+        "kubeconfig": cluster.kubeconfig,
+        "inferenceService": serving.inference_service.metadata["name"],
+        "inferencePortForward": f"kubectl -n {config.namespace} port-forward "
+                                f"service/{model}-predictor {PORT_FORWARD_PORT}:80",
+        "inferenceUrl": f"http://localhost:{PORT_FORWARD_PORT}/v1/models/{model}:predict",
+        "modelRepository": storage.storage.model_uri("models", model),
+        "argoUi": f"kubectl -n {ARGO_NAMESPACE} port-forward service/argo-server 2746:2746 "
+                  "# then open https://localhost:2746",
+        "runPipeline": f"argo submit -n {config.namespace} --from workflowtemplate/dist-ml-pipeline --watch",
+        "images": images.images.apply(lambda built: {"trainer": built.trainer, "serving": built.serving}),
+    }
+    if config.monitoring.enabled:
+        outputs["grafana"] = (f"kubectl -n {MONITORING_NAMESPACE} port-forward "
+                              "service/monitoring-kube-prometheus-stack-grafana 3000:80")
+    return outputs

@@ -1,0 +1,61 @@
+"""What the stack tests share: config edits in Pulumi's wire format, and schema validation of
+everything a stack declares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from infra import render
+
+CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml"}
+ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}
+# Prometheus Operator's kinds: no upstream schema in ../shared and none in kubernetes-validate.
+UNCHECKED_KINDS = {"PodMonitor"}
+WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
+
+
+def stack_values(stack_file: Path, **sections: dict) -> dict[str, str]:
+    """The stack file's values with some sections' keys changed (None removes a key)."""
+    values = render.pulumi_values(stack_file)
+    for section, changes in sections.items():
+        key = f"dist-ml:{section}"
+        merged = {**json.loads(values.get(key, "{}")), **changes}
+        values[key] = json.dumps({k: v for k, v in merged.items() if v is not None})
+    return values
+
+
+def objects_of(rendered: render.Rendered, kind: str) -> list[dict]:
+    return [o for o in rendered.objects if o["kind"] == kind]
+
+
+def embedded(template: dict, name: str) -> dict:
+    """The manifest of one of a WorkflowTemplate's resource templates, as Argo submits it."""
+    (found,) = [t for t in template["spec"]["templates"] if t["name"] == name]
+    return yaml.safe_load(found["resource"]["manifest"].replace("{{workflow.name}}", WORKFLOW_NAME))
+
+
+def validate_all(rendered: render.Rendered, validate_crd, argo_line: str, kubernetes_version: str) -> int:
+    """Validates every declared object (and Argo's embedded manifests); returns how many."""
+    checked = 0
+    for manifest in rendered.objects:
+        kind = manifest["kind"]
+        if kind in UNCHECKED_KINDS:
+            continue
+        if kind in ("Workflow", "WorkflowTemplate"):
+            crd = ARGO_CRDS[argo_line].format(plural=kind.lower() + "s")
+            assert validate_crd(crd, manifest) == [], kind
+            for template in manifest["spec"].get("templates", []):
+                if "resource" in template:
+                    inner = embedded(manifest, template["name"])
+                    assert validate_crd(CRDS[inner["kind"]], inner) == [], template["name"]
+                    checked += 1
+        elif kind in CRDS:
+            assert validate_crd(CRDS[kind], manifest) == [], kind
+        else:
+            kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+        checked += 1
+    return checked

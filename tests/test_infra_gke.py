@@ -1,0 +1,248 @@
+"""The GKE stack under Pulumi mocks: components, Google Cloud policies, Workload Identity, node pools,
+monitoring, valid objects, the same pipeline and InferenceService as the local stack, and the PR check."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pulumi
+import pytest
+import stack_checks
+import yaml
+from conftest import REPO_ROOT, run_module
+from stack_checks import embedded, objects_of, validate_all
+
+from infra import policies, render
+from stacks import program
+
+STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
+LOCAL_STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
+KUBERNETES_VERSION = "1.33"  # cluster.kubernetesVersion in Pulumi.gke.yaml
+PROJECT = "my-gcp-project"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}
+
+
+def gke_values(**sections: dict) -> dict[str, str]:
+    return stack_checks.stack_values(STACK_FILE, **sections)
+
+
+@pytest.fixture(scope="module")
+def gke_stack() -> render.Rendered:
+    return render.render("gke", gke_values())
+
+
+def training_pod(rendered: render.Rendered, step: str = "train-cnn") -> dict:
+    (template,) = objects_of(rendered, "WorkflowTemplate")
+    return embedded(template, step)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+
+
+def test_every_component_is_declared(gke_stack):
+    types = {resource.type for resource in gke_stack.resources}
+    for component in ("GkeCluster", "RegistryImages", "Platform", "GcsStorage", "Pipeline", "Serving",
+                      "Monitoring"):
+        assert f"dist-ml:infra:{component}" in types
+    (cluster,) = gke_stack.of_type("gcp:container/cluster:Cluster")
+    inputs = cluster.inputs
+    assert inputs["removeDefaultNodePool"] is True and inputs["deletionProtection"] is True
+    assert inputs["workloadIdentityConfig"] == {"workloadPool": f"{PROJECT}.svc.id.goog"}
+    assert inputs["releaseChannel"] == {"channel": "REGULAR"} and inputs["location"] == "us-central1"
+    assert inputs["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}
+    (repository,) = gke_stack.of_type("gcp:artifactregistry/repository:Repository")
+    assert repository.inputs["format"] == "DOCKER"
+    assert "kubeconfig" in gke_stack.secret_outputs
+    kubeconfig = gke_stack.outputs["kubeconfig"]
+    assert "exec:\n      apiVersion: client.authentication.k8s.io/v1beta1\n" in kubeconfig
+    assert "command: gke-gcloud-auth-plugin" in kubeconfig
+
+
+def test_every_object_validates_against_the_real_schemas(gke_stack, validate_crd):
+    assert validate_all(gke_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    assert policies.violations(gke_stack.objects) == []
+
+
+def test_the_bucket_is_private_versioned_and_forgets_old_checkpoints(gke_stack):
+    assert policies.cloud_violations(gke_stack.resources) == []
+    (bucket,) = gke_stack.of_type(policies.BUCKET)
+    rules = bucket.inputs["lifecycleRules"]
+    assert {"action": {"type": "Delete"},
+            "condition": {"age": 30.0, "matchesPrefixes": ["checkpoints/"]}} in rules
+    assert not gke_stack.of_type(policies.SERVICE_ACCOUNT_KEY)
+    careless = render.Declared(policies.BUCKET, "open", {"publicAccessPrevention": "inherited"}, True)
+    key = render.Declared(policies.SERVICE_ACCOUNT_KEY, "key", {}, True)
+    assert len(policies.cloud_violations([careless, key])) == 4  # the policies are not blind
+
+
+def test_workload_identity_binds_the_pipeline_and_predictor_accounts_to_the_bucket(gke_stack):
+    (account,) = gke_stack.of_type("gcp:serviceaccount/account:Account")
+    email = f"{account.inputs['accountId']}@{PROJECT}.iam.gserviceaccount.com"
+    (grant,) = gke_stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert grant.inputs["role"] == "roles/storage.objectAdmin"
+    assert grant.inputs["member"] == f"serviceAccount:{email}"
+    assert grant.inputs["bucket"] == f"{PROJECT}-dist-ml"  # that bucket only
+    members = {r.inputs["member"] for r in gke_stack.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+               if r.inputs["role"] == "roles/iam.workloadIdentityUser"}
+    assert members == {f"serviceAccount:{PROJECT}.svc.id.goog[dist-ml/dist-ml-pipeline]",
+                       f"serviceAccount:{PROJECT}.svc.id.goog[dist-ml/dist-ml-predictor]"}
+    accounts = {o["metadata"]["name"]: o for o in objects_of(gke_stack, "ServiceAccount")}
+    for name in ("dist-ml-pipeline", "dist-ml-predictor"):
+        assert accounts[name]["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
+    (isvc,) = objects_of(gke_stack, "InferenceService")
+    assert isvc["spec"]["predictor"]["serviceAccountName"] == "dist-ml-predictor"
+
+
+def test_pipeline_pods_mount_the_bucket_where_the_local_stack_mounts_its_volume(gke_stack):
+    pod = training_pod(gke_stack)
+    assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
+    assert volume["csi"]["volumeAttributes"]["bucketName"] == f"{PROJECT}-dist-ml"
+    assert pod["spec"]["containers"][0]["volumeMounts"] == [{"name": "storage", "mountPath": "/mnt/dist-ml"}]
+    (template,) = objects_of(gke_stack, "WorkflowTemplate")
+    assert template["spec"]["podMetadata"] == {"annotations": {"gke-gcsfuse/volumes": "true"}}
+    (isvc,) = objects_of(gke_stack, "InferenceService")
+    env = isvc["spec"]["predictor"]["containers"][0]["env"]
+    assert {"name": "STORAGE_URI", "value": f"gs://{PROJECT}-dist-ml/models"} in env
+
+
+def test_pods_use_the_pushed_images_by_digest(gke_stack):
+    image = training_pod(gke_stack)["spec"]["containers"][0]["image"]
+    registry = rf"us-central1-docker\.pkg\.dev/{PROJECT}/dist-ml"
+    assert re.fullmatch(rf"{registry}/trainer@sha256:[0-9a-f]{{64}}", image)
+    (isvc,) = objects_of(gke_stack, "InferenceService")
+    assert "/dist-ml/serving@sha256:" in isvc["spec"]["predictor"]["containers"][0]["image"]
+
+
+def test_node_pools_follow_the_config_and_only_gpu_pools_bring_gpu_tolerations(gke_stack):
+    pools = {r.name: r.inputs for r in gke_stack.of_type("gcp:container/nodePool:NodePool")}
+    assert set(pools) == {"cluster-cpu-pool", "cluster-spot-pool"}  # Pulumi.gke.yaml: gpu disabled
+    assert pools["cluster-spot-pool"]["nodeConfig"]["spot"] is True
+    assert pools["cluster-cpu-pool"]["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    assert GPU_TOLERATION not in training_pod(gke_stack)["spec"].get("tolerations", [])
+
+    rendered = render.render("gke", gke_values(cluster={"kind": "gke", "nodePools": {
+        "cpu": {"machineType": "e2-standard-8", "minNodes": 2, "maxNodes": 7},
+        "gpu": {"enabled": True, "acceleratorType": "nvidia-l4", "acceleratorCount": 2,
+                "machineType": "g2-standard-24", "maxNodes": 3}}}))
+    pools = {r.name: r.inputs for r in rendered.of_type("gcp:container/nodePool:NodePool")}
+    assert set(pools) == {"cluster-cpu-pool", "cluster-gpu-pool"}
+    assert pools["cluster-cpu-pool"]["autoscaling"] == {"totalMinNodeCount": 2, "totalMaxNodeCount": 7}
+    gpu = pools["cluster-gpu-pool"]["nodeConfig"]
+    assert gpu["guestAccelerators"] == [{"type": "nvidia-l4", "count": 2}]
+    assert gpu["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+    assert training_pod(rendered)["spec"]["tolerations"] == [GPU_TOLERATION]
+
+
+def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
+    assert {m["metadata"]["name"] for m in objects_of(gke_stack, "PodMonitor")} == {
+        "dist-ml-predictor", "training-operator"}
+    (dashboard,) = [config_map for config_map in objects_of(gke_stack, "ConfigMap")
+                    if config_map["metadata"]["name"] == "dist-ml-dashboard"]
+    panels = json.loads(dashboard["data"]["dist-ml.json"])["panels"]
+    assert [p["title"] for p in panels] == ["Request rate", "Latency", "Predictor replicas", "TFJobs"]
+    (chart,) = [r for r in gke_stack.of_type("kubernetes:helm.sh/v4:Chart")
+                if r.inputs["chart"] == "kube-prometheus-stack"]
+    assert chart.inputs["version"] == "80.4.1"
+
+    quiet = render.render("gke", gke_values(monitoring={"enabled": False}))
+    assert "dist-ml:infra:Monitoring" not in {r.type for r in quiet.resources}
+    assert not objects_of(quiet, "PodMonitor")
+
+
+def flatten(node: object, path: str = "") -> dict[str, object]:
+    """path -> leaf value, with Argo's embedded manifests opened."""
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items() for k, v in flatten(
+            yaml.safe_load(value) if key == "manifest" else value, f"{path}.{key}").items()}
+    if isinstance(node, list):
+        return {k: v for index, value in enumerate(node)
+                for k, v in flatten(value, f"{path}[{index}]").items()}
+    return {path: node}
+
+
+# Where the two stacks may differ: images, storage (volume, mount annotations, URIs), the spot pool's
+# toleration, the predictor's Workload Identity account.
+EXPECTED_DIFFERENCES = re.compile(r"|".join([
+    r".*\.image$", r".*\.volumes\[0\]\..*", r".*\.podMetadata\..*",
+    r".*\.metadata\.annotations\.gke-gcsfuse.*",
+    r".*\.tolerations\[\d+\]\..*", r".*\.predictor\.serviceAccountName$", r".*\.env\[0\]\.value$",
+    r".*\.storageUri$",
+]))
+
+
+def test_both_stacks_declare_the_same_pipeline_and_inference_service_but_for_storage_and_images():
+    local_values = render.pulumi_values(LOCAL_STACK_FILE)
+    shared = {f"dist-ml:{section}": local_values[f"dist-ml:{section}"] for section in ("pipeline", "serving")}
+    local = render.render("local", local_values)
+    gke = render.render("gke", {**gke_values(), **shared})
+    for kind in ("WorkflowTemplate", "InferenceService"):
+        (local_object,), (gke_object,) = objects_of(local, kind), objects_of(gke, kind)
+        local_flat, gke_flat = flatten(local_object), flatten(gke_object)
+        differing = {path for path in local_flat.keys() | gke_flat.keys()
+                     if local_flat.get(path) != gke_flat.get(path)}
+        assert differing, kind  # the images differ at least: the comparison sees something
+        assert {path for path in differing if not EXPECTED_DIFFERENCES.fullmatch(path)} == set(), kind
+
+
+BAD_GKE_CONFIG = [
+    ({"dist-ml:cluster": {"kind": "gke", "agents": 2}}, "cluster.agents: does not apply to cluster.kind gke"),
+    ({"dist-ml:storage": {"size": "10Gi"}}, "storage.size: does not apply to cluster.kind gke"),
+    ({"gcp:project": None}, "gcp:project: is required on the gke stack"),
+    ({"gcp:region": None}, "gcp:region: is required on the gke stack"),
+    ({"dist-ml:cluster": {"kind": "gke", "releaseChannel": "BETA"}},
+     "cluster.releaseChannel: must be one of"),
+    ({"dist-ml:cluster": {"kind": "gke", "nodePools": {"gpu": {"enabled": True, "acceleratorCount": 0}}}},
+     "cluster.nodePools.gpu.acceleratorCount: must be >= 1"),
+    ({"dist-ml:cluster": {"kind": "gke", "nodePools": {"cpu": {"minNodes": 3, "maxNodes": 1}}}},
+     "cluster.nodePools.cpu.maxNodes: must be >= minNodes"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), BAD_GKE_CONFIG,
+                         ids=[m.split(":")[0] for _, m in BAD_GKE_CONFIG])
+def test_bad_gke_config_fails_naming_the_key_before_any_resource(changes, message):
+    values = render.pulumi_values(STACK_FILE)
+    for key, value in changes.items():
+        if value is None:
+            values.pop(key)
+        else:
+            values[key] = json.dumps(value) if isinstance(value, dict) else value
+    mocks = render.install_mocks("gke", values)
+    with pytest.raises(pulumi.RunError) as error:
+        program.main()
+    assert str(error.value).startswith(f"stack config: {message}")
+    assert mocks.declared == []
+
+
+def test_gcp_settings_on_the_local_stack_are_errors():
+    values = {**render.pulumi_values(LOCAL_STACK_FILE), "gcp:project": "my-gcp-project"}
+    mocks = render.install_mocks("local", values)
+    with pytest.raises(pulumi.RunError, match="gcp:project: applies only to cluster.kind gke"):
+        program.main()
+    assert mocks.declared == []
+
+
+def test_render_lists_the_google_cloud_resources_with_their_key_settings(tmp_path):
+    result = run_module("infra.render", "--stack", "gke", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    assert re.search(r'gcp:storage/bucket:Bucket .*"publicAccessPrevention": "enforced"', summary)
+    assert re.search(r'gcp:container/nodePool:NodePool +cluster-spot-pool .*"spot": true', summary)
+    assert "kubeconfig: [secret]" in summary
+
+
+def test_the_pr_check_runs_the_tests_then_previews_the_gke_stack():
+    workflow = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "preview.yml").read_text())
+    assert "pull_request" in workflow[True]  # YAML 1.1 reads the key `on` as true
+    steps = workflow["jobs"]["preview"]["steps"]
+    uses = [step.get("uses", "") for step in steps]
+    runs = [step.get("run", "") for step in steps]
+    python = next(i for i, u in enumerate(uses) if u.startswith("actions/setup-python@"))
+    install = next(i for i, r in enumerate(runs) if "pip install -r requirements.txt" in r)
+    tests = next(i for i, r in enumerate(runs) if r.strip() == "make test")
+    preview = next(i for i, u in enumerate(uses) if u.startswith("pulumi/actions@"))
+    assert python < install < tests < preview
+    settings = steps[preview]["with"]
+    assert settings["command"] == "preview" and settings["stack-name"] == "gke"
+    assert settings["comment-on-pr"] is True and settings["cloud-url"] == "${{ secrets.PULUMI_BACKEND_URL }}"
+    assert not any("credentials_json" in json.dumps(step) for step in steps)  # no key, federation only
