@@ -21,6 +21,7 @@ from pipeline import argo
 from pipeline.config import ConfigError, load_config
 from pipeline.local import StepFailed, run_pipeline
 from pipeline.manifests import DEFAULT_ARGO_VERSION, ClusterTarget
+from serving.client import ServerError
 from serving.process import ServerFailed
 from trainer import cli
 
@@ -89,4 +90,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    cli.run("pipeline", main, expected=(StepFailed, ServerFailed))
+    cli.run("pipeline", main, expected=(StepFailed, ServerFailed, ServerError))
