@@ -129,6 +129,20 @@ def test_a_body_over_the_limit_is_a_413_and_the_next_request_succeeds(server, im
     assert requests.post(url + path, json=body).status_code == 200
 
 
+def test_a_chunked_body_is_held_to_the_same_limit(server, image_dir):
+    url, _ = server
+    path, body = png_body(image_dir)
+
+    def chunks(data: bytes, size: int = 10_000):  # a generator: requests sends it chunked
+        yield from (data[i:i + size] for i in range(0, len(data), size))
+
+    small = json.dumps(body).encode()
+    assert requests.post(url + path, data=chunks(small)).status_code == 200
+    too_big = json.dumps({"instances": [{"b64": "A" * 200_000}]}).encode()
+    response = requests.post(url + path, data=chunks(too_big))
+    assert response.status_code == 413 and "over the limit of 100000 bytes" in response.json()["error"]
+
+
 def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir):
     url, _ = server
     path, body = png_body(image_dir, "v2")
