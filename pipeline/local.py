@@ -40,6 +40,7 @@ LOGS_DIR = "logs"
 MEMO_DIR = "memo"
 CHECKPOINT_KEY_FILE = "pipeline-key.txt"
 SELECTION_FILE = "selection.json"  # written by trainer.select inside the published version
+METRICS_FILE = "metrics.json"  # written by trainer.train inside its export
 EXAMPLE_TEST_IMAGE = 0
 TRAINER_SOURCES = Path(__file__).resolve().parents[1] / "trainer"
 
@@ -147,7 +148,7 @@ class LocalRun:
                 selection = self.version_dir(version) / SELECTION_FILE if version else None
                 return digest(selection.read_text()) if selection else None
             export_dir = Path(step.outputs[-1])
-            return digest((export_dir / "metrics.json").read_text())
+            return digest((export_dir / METRICS_FILE).read_text())
         except (OSError, KeyError, ValueError, DatasetError):
             return None
 
@@ -167,7 +168,7 @@ class LocalRun:
     def try_memo(self, step: Step, key: str) -> bool:
         max_age = self.config.memoize_max_age_seconds if step.name == INGEST else None
         entry = self.memo.lookup(step.name, key, max_age)
-        if entry is None or entry.get("outputs") != self.outputs_digest(step):
+        if entry is None or entry.get("outputs") is None or entry["outputs"] != self.outputs_digest(step):
             return False
         self.output_digests[step.name] = entry["outputs"]
         self.outcomes[step.name] = Outcome(step.name, entry.get("seconds", 0.0), memoized=True)
