@@ -8,18 +8,15 @@ import pulumi_kubernetes as k8s
 
 from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, toleration
-from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
-from infra.monitoring import Monitoring, MonitoringArgs
 from infra.pipeline import PipelineArgs, PipelineResources
-from infra.platform import ARGO_NAMESPACE, Platform, PlatformArgs
 from infra.registry import RegistryImages, RegistryImagesArgs
 from infra.serving import Serving, ServingArgs, logger_url
 from pipeline.manifests import ClusterTarget
 from stacks.config import GkeConfig, NodePoolConfig, StackConfig
+from stacks.shared import access_outputs, declare_monitoring, declare_platform
 
 PREDICTOR_SERVICE_ACCOUNT = "dist-ml-predictor"
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
-PORT_FORWARD_PORT = 8080
 
 
 def node_pool(pool: NodePoolConfig, spot: bool = False) -> NodePoolArgs:
@@ -48,14 +45,7 @@ def define_gke_stack(config: StackConfig) -> dict[str, pulumi.Input]:
                                       opts=pulumi.ResourceOptions(provider=cluster.provider))
     images = RegistryImages("images", RegistryImagesArgs(project=gcp_config.project,
                                                          region=gcp_config.region))
-    platform = Platform("platform", PlatformArgs(
-        training_operator_version=platform_config.training_operator_version,
-        argo_version=platform_config.argo_version,
-        cert_manager_version=platform_config.cert_manager_version,
-        kserve_version=platform_config.kserve_version,
-        kserve_deployment_mode=platform_config.kserve_deployment_mode,
-        knative_version=platform_config.knative_version,
-        provider=cluster.provider, kubeconfig=cluster.kubeconfig))
+    platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     pipeline_account = config.pipeline.service_account_name
     storage = GcsStorage("storage", GcsStorageArgs(
         project=gcp_config.project, location=gcp_config.region, bucket_name=config.storage.bucket_name,
@@ -77,25 +67,7 @@ def define_gke_stack(config: StackConfig) -> dict[str, pulumi.Input]:
         config=config.pipeline, target=target, namespace=config.namespace, provider=cluster.provider,
         depends_on=[*needs, pipeline], predictor_service_account=PREDICTOR_SERVICE_ACCOUNT,
         predictor_service_account_annotations=uses_bucket))
-    if config.monitoring.enabled:
-        Monitoring("monitoring", MonitoringArgs(
-            chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
-            model_name=config.pipeline.model_name, provider=cluster.provider, depends_on=platform.ready))
-
-    model = config.pipeline.model_name
-    outputs: dict[str, pulumi.Input] = {
-        "kubeconfig": cluster.kubeconfig,
-        "inferenceService": serving.inference_service.metadata["name"],
-        "inferencePortForward": f"kubectl -n {config.namespace} port-forward "
-                                f"service/{model}-predictor {PORT_FORWARD_PORT}:80",
-        "inferenceUrl": f"http://localhost:{PORT_FORWARD_PORT}/v1/models/{model}:predict",
-        "modelRepository": storage.storage.model_uri("models", model),
-        "argoUi": f"kubectl -n {ARGO_NAMESPACE} port-forward service/argo-server 2746:2746 "
-                  "# then open https://localhost:2746",
-        "runPipeline": f"argo submit -n {config.namespace} --from workflowtemplate/dist-ml-pipeline --watch",
-        "images": images.images.apply(lambda built: {"trainer": built.trainer, "serving": built.serving}),
-    }
-    if config.monitoring.enabled:
-        outputs["grafana"] = (f"kubectl -n {MONITORING_NAMESPACE} port-forward "
-                              "service/monitoring-kube-prometheus-stack-grafana 3000:80")
-    return outputs
+    monitoring_outputs = declare_monitoring(config, cluster.provider, platform)
+    return {**access_outputs(config, cluster.kubeconfig, serving, storage.storage),
+            "images": images.images.apply(lambda built: {"trainer": built.trainer, "serving": built.serving}),
+            **monitoring_outputs}

@@ -7,15 +7,12 @@ import pulumi_kubernetes as k8s
 
 from infra.images import LocalImages, LocalImagesArgs
 from infra.k3d import K3dCluster, K3dClusterArgs
-from infra.monitoring import Monitoring, MonitoringArgs
 from infra.pipeline import PipelineArgs, PipelineResources
-from infra.platform import ARGO_NAMESPACE, Platform, PlatformArgs
 from infra.serving import Serving, ServingArgs, logger_url
 from infra.storage import PvcStorage, PvcStorageArgs
 from pipeline.manifests import KSERVE_MODEL_DIR, ClusterTarget
 from stacks.config import StackConfig
-
-PORT_FORWARD_PORT = 8080
+from stacks.shared import access_outputs, declare_monitoring, declare_platform
 
 
 def define_local_stack(config: StackConfig) -> dict[str, pulumi.Input]:
@@ -29,14 +26,7 @@ def define_local_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     namespace = k8s.core.v1.Namespace("namespace", metadata={"name": config.namespace}, opts=on_cluster)
 
     images = LocalImages("images", LocalImagesArgs(cluster_name=cluster_config.name, cluster=cluster))
-    platform = Platform("platform", PlatformArgs(
-        training_operator_version=platform_config.training_operator_version,
-        argo_version=platform_config.argo_version,
-        cert_manager_version=platform_config.cert_manager_version,
-        kserve_version=platform_config.kserve_version,
-        kserve_deployment_mode=platform_config.kserve_deployment_mode,
-        knative_version=platform_config.knative_version,
-        provider=cluster.provider, kubeconfig=cluster.kubeconfig))
+    platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     storage = PvcStorage("storage", PvcStorageArgs(
         namespace=config.namespace, size=config.storage.size, access_mode=config.storage.access_mode,
         storage_class=config.storage.storage_class, provider=cluster.provider),
@@ -53,21 +43,7 @@ def define_local_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     serving = Serving("serving", ServingArgs(
         config=config.pipeline, target=target, namespace=config.namespace, provider=cluster.provider,
         depends_on=[*needs, pipeline]))
-    if config.monitoring.enabled:
-        Monitoring("monitoring", MonitoringArgs(
-            chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
-            model_name=config.pipeline.model_name, provider=cluster.provider, depends_on=platform.ready))
-
-    model = config.pipeline.model_name
-    return {
-        "kubeconfig": cluster.kubeconfig,
-        "inferenceService": serving.inference_service.metadata["name"],
-        "inferencePortForward": f"kubectl -n {config.namespace} port-forward "
-                                f"service/{model}-predictor {PORT_FORWARD_PORT}:80",
-        "inferenceUrl": f"http://localhost:{PORT_FORWARD_PORT}/v1/models/{model}:predict",
-        "modelRepository": storage.storage.model_uri("models", model),
-        "modelRepositoryInPredictor": f"{KSERVE_MODEL_DIR}/{model}",
-        "argoUi": f"kubectl -n {ARGO_NAMESPACE} port-forward service/argo-server 2746:2746 "
-                  "# then open https://localhost:2746",
-        "runPipeline": f"argo submit -n {config.namespace} --from workflowtemplate/dist-ml-pipeline --watch",
-    }
+    monitoring_outputs = declare_monitoring(config, cluster.provider, platform)
+    return {**access_outputs(config, cluster.kubeconfig, serving, storage.storage),
+            "modelRepositoryInPredictor": f"{KSERVE_MODEL_DIR}/{config.pipeline.model_name}",
+            **monitoring_outputs}
