@@ -223,14 +223,6 @@ def _gke(section: Section, gcp: GcpConfig) -> GkeConfig:
     )
 
 
-def _cluster(raw: Any, gcp: GcpConfig | None) -> tuple[str, K3dConfig | GkeConfig]:
-    section = Section("cluster", raw, CLUSTER_KEYS)
-    kind = section.text("kind", None, allowed=CLUSTER_KINDS)
-    if kind is None:
-        raise section.fail("kind", f"is required: one of {', '.join(CLUSTER_KINDS)}")
-    return kind, (_k3d(section) if kind == "k3d" else _gke(section, gcp))
-
-
 def _gcp(kind: str, raw: Mapping[str, Any]) -> GcpConfig | None:
     given = {key.partition(":")[2]: value for key, value in raw.items() if key.startswith("gcp:")}
     if kind != "gke":
@@ -323,7 +315,7 @@ def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     if kind is None:
         raise cluster_section.fail("kind", f"is required: one of {', '.join(CLUSTER_KINDS)}")
     gcp = _gcp(kind, raw)
-    kind, cluster = _cluster(raw.get("cluster"), gcp)
+    cluster = _k3d(cluster_section) if kind == "k3d" else _gke(cluster_section, gcp)
     platform = _platform(raw.get("platform"))
     storage = _storage(raw.get("storage"), kind, gcp)
     sections, run_on_up = _shared_sections(raw)
