@@ -8,6 +8,7 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.awaits import SKIP_AWAIT
 from pipeline import argo
 from pipeline.config import PipelineConfig
 from pipeline.manifests import PART_OF, ClusterTarget
@@ -23,7 +24,6 @@ PIPELINE_RULES = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},
     {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
 ]
-SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 
 
 @dataclasses.dataclass(frozen=True)

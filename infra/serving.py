@@ -8,6 +8,7 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.awaits import SKIP_AWAIT
 from pipeline.config import PipelineConfig, Resources
 from pipeline.definition import CLUSTER_STORAGE_ROOT
 from pipeline.manifests import ISVC_API_VERSION, PART_OF, ClusterTarget, inference_service, storage_mount
@@ -17,9 +18,6 @@ LOGGER_PORT = 8080
 LOGGER_OUT = f"{CLUSTER_STORAGE_ROOT}/inference-log/events.jsonl"
 LOGGER_RESOURCES = Resources(requests={"cpu": "50m", "memory": "128Mi"},
                              limits={"cpu": "250m", "memory": "256Mi"})
-# A new InferenceService has no model to load until the pipeline publishes one: `pulumi up`
-# must not wait for it to become Ready.
-SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 
 
 def logger_url(namespace: str) -> str:

@@ -7,11 +7,8 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.awaits import SKIP_AWAIT
 from pipeline.manifests import PART_OF, STORAGE_CLAIM_NAME, ClusterStorage, pvc_storage
-
-# local-path binds a claim only when a pod uses it (WaitForFirstConsumer): waiting for it to be
-# Bound during `pulumi up` would wait for the pipeline's first pod.
-SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 
 
 @dataclasses.dataclass(frozen=True)
