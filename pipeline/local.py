@@ -116,7 +116,7 @@ class LocalRun:
         self.config = config
         self.root = Path(config.storage_root)
         self.layout = Layout(str(self.root))
-        self.steps = [step for step in build_steps(config, str(self.root)) if step.name != SERVE]
+        *self.steps, self.serve_step = build_steps(config, str(self.root))  # serve is last
         self.log_dir = self.root / LOGS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.memo = Memo(self.root / MEMO_DIR)
         self.print = print_line
@@ -266,14 +266,12 @@ def example_image(data_dir: Path) -> tuple[bytes, str]:
     return buffer.getvalue(), CLASS_NAMES[int(test.labels[EXAMPLE_TEST_IMAGE])]
 
 
-def example_prediction(url: str, data_dir: Path, model_name: str) -> str:
-    image, true_class = example_image(data_dir)
+def example_prediction(url: str, image: bytes, true_class: str, model_name: str) -> str:
     (predicted, confidence), = client.predict([image], url=url, model_name=model_name)
     return f"test image {EXAMPLE_TEST_IMAGE} (a {true_class}) -> {predicted} ({confidence:.1%})"
 
 
-def curl_example(url: str, model_name: str, data_dir: Path) -> str:
-    image, _ = example_image(data_dir)
+def curl_example(url: str, model_name: str, image: bytes) -> str:
     body = json.dumps({"instances": [{"image_bytes": {"b64": base64.b64encode(image).decode()}}]})
     return f"curl -s {url}/v1/models/{model_name}:predict -d '{body}'"
 
@@ -301,20 +299,19 @@ def run_pipeline(config: PipelineConfig, serve_forever: bool = False,
     print_line(format_table(run.outcomes, selection, run.steps))
     print_line(f"published: {config.model_name} version {selection['version']} ({version_dir})")
 
-    serve = build_steps(config, str(run.root))[-1]
     serve_log = run.log_dir / SERVE / "server.log"
     serve_log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print_line(f"{run.elapsed()} {SERVE}: started")
     port = config.serving.http_port if serve_forever else None
-    data_dir = Path(run.layout.data)
-    with running_server(serve.args, config.model_name, serve_log, port=port) as (url, process):
+    image, true_class = example_image(Path(run.layout.data))
+    with running_server(run.serve_step.args, config.model_name, serve_log, port=port) as (url, process):
         ready = time.monotonic() - started
-        example = example_prediction(url, data_dir, config.model_name)
+        example = example_prediction(url, image, true_class, config.model_name)
         run.outcomes[SERVE] = Outcome(SERVE, ready, memoized=False)
         print_line(f"{run.elapsed()} {SERVE}: ready in {ready:.1f}s at {url}; {example}")
         if serve_forever:
-            print_line(f"serving {url} until Ctrl-C; try:\n{curl_example(url, config.model_name, data_dir)}")
+            print_line(f"serving {url} until Ctrl-C; try:\n{curl_example(url, config.model_name, image)}")
             process.wait()
     return RunResult(run.outcomes, selection, version_dir, example, run.log_dir)
 
