@@ -7,9 +7,12 @@ import json
 from pathlib import Path
 
 import kubernetes_validate
+import pulumi
+import pytest
 import yaml
 
 from infra import render
+from stacks import program
 
 CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml"}
 ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}
@@ -59,3 +62,13 @@ def validate_all(rendered: render.Rendered, validate_crd, argo_line: str, kubern
             kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
         checked += 1
     return checked
+
+
+def config_error_before_any_resource(stack: str, values: dict[str, str]) -> str:
+    """Runs the stack's program with config `values`: it must stop with a one-line config error
+    before declaring anything; returns the error."""
+    mocks = render.install_mocks(stack, values)
+    with pytest.raises(pulumi.RunError) as error:
+        program.main()
+    assert mocks.declared == []
+    return str(error.value)

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import re
 
-import pulumi
 import pytest
 import stack_checks
 import yaml
 from conftest import REPO_ROOT, run_module
-from stack_checks import embedded, objects_of, validate_all
+from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
 from infra import policies, render
-from stacks import program
 
 STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
 LOCAL_STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
@@ -207,19 +205,13 @@ def test_bad_gke_config_fails_naming_the_key_before_any_resource(changes, messag
             values.pop(key)
         else:
             values[key] = json.dumps(value) if isinstance(value, dict) else value
-    mocks = render.install_mocks("gke", values)
-    with pytest.raises(pulumi.RunError) as error:
-        program.main()
-    assert str(error.value).startswith(f"stack config: {message}")
-    assert mocks.declared == []
+    assert config_error_before_any_resource("gke", values).startswith(f"stack config: {message}")
 
 
 def test_gcp_settings_on_the_local_stack_are_errors():
     values = {**render.pulumi_values(LOCAL_STACK_FILE), "gcp:project": "my-gcp-project"}
-    mocks = render.install_mocks("local", values)
-    with pytest.raises(pulumi.RunError, match="gcp:project: applies only to cluster.kind gke"):
-        program.main()
-    assert mocks.declared == []
+    assert config_error_before_any_resource("local", values).startswith(
+        "stack config: gcp:project: applies only to cluster.kind gke")
 
 
 def test_render_lists_the_google_cloud_resources_with_their_key_settings(tmp_path):
