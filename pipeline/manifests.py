@@ -14,7 +14,6 @@ from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
     SERVING_IMAGE,
     TRAINER_IMAGE,
-    Layout,
     Step,
     serve_args,
 )
@@ -82,10 +81,6 @@ class ClusterTarget:
     predictor_service_account: str | None = None
     logger_url: str | None = None  # where the predictor's KServe logger posts CloudEvents
     training_tolerations: tuple[dict, ...] = ()  # e.g. a GPU pool's taint
-
-
-def cluster_layout() -> Layout:
-    return Layout(CLUSTER_STORAGE_ROOT)
 
 
 def storage_mount() -> dict:

@@ -24,7 +24,6 @@ VERSION = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+$")
 K3S_IMAGE = re.compile(r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$")
 # Keys of the shared sections that only the local engine reads.
 LOCAL_ENGINE_ONLY = {"pipeline": ("storageRoot",), "serving": ("httpPort",)}
-STACK_ONLY_PIPELINE_KEYS = {"runOnUp": "also run the pipeline once on `pulumi up`"}
 TOP_LEVEL = ("namespace", "cluster", "platform", "storage", "monitoring", "pipeline", "serving")
 
 
@@ -137,8 +136,6 @@ RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
 GCP_KEYS = ("project", "region")
 GCS_BUCKET = re.compile(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$")
 KUBERNETES_VERSION = re.compile(r"^1\.[0-9]+$")
-# GKE's taint on GPU nodes; training pods tolerate it only when a GPU pool exists.
-GPU_TAINT_KEY = "nvidia.com/gpu"
 
 
 def _not_for(section: Section, keys: Mapping[str, str], kind: str) -> None:
