@@ -125,13 +125,14 @@ class LocalRun:
         self.outcomes: dict[str, Outcome] = {}
         self.running: dict[str, Attempt] = {}
         self.started = time.monotonic()
+        self.code_digest = trainer_code_digest()  # once: every step's key includes it
 
     # Keys and output digests ------------------------------------------------------------------
 
     def key_of(self, step: Step) -> str:
         if step.name == INGEST:
             return ingest_memo_key(self.config)
-        return digest({"command": step.command, "replicas": step.replicas, "code": trainer_code_digest(),
+        return digest({"command": step.command, "replicas": step.replicas, "code": self.code_digest,
                        "inputs": {name: self.output_digests[name] for name in step.depends}})
 
     def outputs_digest(self, step: Step) -> str | None:
