@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import gc
 import io
 import shutil
 import time
@@ -170,6 +171,10 @@ def test_concurrent_requests_are_merged_into_batches(served, images):
 def batch_metrics() -> tuple[float, float]:
     return (REGISTRY.get_sample_value("dist_ml_batch_size_count"),
             REGISTRY.get_sample_value("dist_ml_batch_size_sum"))
+
+
+def test_the_loaded_model_is_kept_out_of_full_collections(served):
+    assert gc.get_freeze_count() > 100_000  # TensorFlow and the model: ~440k objects
 
 
 def test_a_newly_published_version_is_picked_up(served, published_repo, images):
