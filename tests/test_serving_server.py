@@ -13,10 +13,17 @@ import numpy as np
 import pytest
 import requests
 from conftest import run_module
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from kserve.protocol.rest.server import PrintTimings
 from PIL import Image
+from timing_asgi import TimingMiddleware
 
+from serving import loadtest
+from serving import server as server_module
 from serving.client import inference_request
 from serving.process import model_server, start_module, stop
+from serving.server import LimitAndMeasure, without_kserve_timing
 from trainer import fashion_mnist
 from trainer.cluster import free_ports
 
@@ -85,6 +92,50 @@ def test_loadtest_reports_zero_errors_for_valid_input(server, image_dir, tmp_pat
     assert "status: 200: 40" in result.stdout and "error rate: 0.00%" in result.stdout
     assert "p50" in result.stdout and "p99" in result.stdout and "latency histogram" in result.stdout
     assert Image.open(plot).size[0] > 0
+
+
+def test_loadtest_sends_several_images_per_request(server, image_dir):
+    url, log_file = server
+    result = run_module("serving.loadtest", "--url", url, "--concurrency", "2", "--requests", "4",
+                        "--images", image_dir, "--images-per-request", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "images/s (3 per request)" in result.stdout and "status: 200: 4" in result.stdout
+
+
+LOADTEST_ARGS = ["--concurrency", "1", "--requests", "1"]
+SERVER_ARGS = ["--model-repo", "runs/models"]
+
+
+@pytest.mark.parametrize("module, args, message", [
+    (loadtest, [*LOADTEST_ARGS, "--url", "127.0.0.1:8080"],
+     "argument --url: '127.0.0.1:8080' is not an http:// or https:// URL"),
+    (loadtest, [*LOADTEST_ARGS, "--max-error-rate", "5"],
+     "argument --max-error-rate: must be between 0 and 1, got 5"),
+    (loadtest, [*LOADTEST_ARGS, "--images-per-request", "0"],
+     "argument --images-per-request: must be a positive integer, got 0"),
+    (server_module, [*SERVER_ARGS, "--max-batch-wait-ms", "-1"],
+     "argument --max-batch-wait-ms: must be a finite number >= 0, got -1"),
+    (server_module, [*SERVER_ARGS, "--max-batch-wait-ms", "inf"],
+     "argument --max-batch-wait-ms: must be a finite number >= 0, got inf"),
+])
+def test_bad_arguments_are_one_line_errors(module, args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(args)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"{module.__name__}: error: {message} (see --help)\n"
+
+
+def test_kserves_timing_middleware_is_left_out_and_ours_kept():
+    application = FastAPI()
+    application.add_middleware(LimitAndMeasure, max_body_bytes=100)
+    without_kserve_timing(application)
+    application.add_middleware(TimingMiddleware, client=PrintTimings())  # as KServe does on start
+    with TestClient(application):  # the first call (lifespan) builds the stack
+        layers, layer = [], application.middleware_stack
+        while layer is not None:
+            layers.append(type(layer))
+            layer = getattr(layer, "app", None)
+    assert LimitAndMeasure in layers and TimingMiddleware not in layers
 
 
 def test_loadtest_fails_over_the_error_rate(server, tmp_path):
