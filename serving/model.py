@@ -54,7 +54,8 @@ def load_version(repo: Path, model_name: str, number: int) -> LoadedVersion:
 def freeze_long_lived_objects() -> None:
     """Collects once, then keeps everything alive now (TensorFlow and the loaded model, about 440k
     objects) out of later collections: a full collection over them holds the GIL for ~350 ms, which
-    stalled every request in flight a few times a minute under load."""
+    stalled every request in flight a few times a minute under load. Loading a newer version pays
+    for one such collection, once."""
     gc.unfreeze()  # the previous version's cycles become collectable
     gc.collect()
     gc.freeze()
