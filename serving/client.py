@@ -68,7 +68,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     predict_command = commands.add_parser("predict", help="classify image files")
     predict_command.add_argument("images", type=Path, nargs="+")
-    predict_command.add_argument("--url", default=DEFAULT_URL)
+    predict_command.add_argument("--url", type=cli.http_url, default=DEFAULT_URL)
     predict_command.add_argument("--protocol", choices=("v1", "v2"), default="v1")
     predict_command.add_argument("--model-name", default="fmnist")
     return parser.parse_args(argv)

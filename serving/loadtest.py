@@ -18,7 +18,6 @@ import dataclasses
 import io
 import itertools
 import json
-import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -182,15 +181,9 @@ async def _load(targets: Sequence[tuple[str, bytes]], concurrency: int, duration
     return Report(time.perf_counter() - started, latencies, statuses, images_per_request)
 
 
-def http_url(text: str) -> str:
-    if not re.match(r"^https?://[^/]+", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
-    return text
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="serving.loadtest", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", type=http_url, default=DEFAULT_URL, help="the server's base URL")
+    parser.add_argument("--url", type=cli.http_url, default=DEFAULT_URL, help="the server's base URL")
     parser.add_argument("--concurrency", type=cli.positive_int, required=True)
     bound = parser.add_mutually_exclusive_group(required=True)
     bound.add_argument("--duration", type=cli.positive_float, help="seconds")

@@ -19,7 +19,7 @@ from kserve.protocol.rest.server import PrintTimings
 from PIL import Image
 from timing_asgi import TimingMiddleware
 
-from serving import loadtest
+from serving import client, loadtest
 from serving import server as server_module
 from serving.client import inference_request
 from serving.process import model_server, start_module, stop
@@ -106,23 +106,25 @@ LOADTEST_ARGS = ["--concurrency", "1", "--requests", "1"]
 SERVER_ARGS = ["--model-repo", "runs/models"]
 
 
-@pytest.mark.parametrize("module, args, message", [
-    (loadtest, [*LOADTEST_ARGS, "--url", "127.0.0.1:8080"],
+@pytest.mark.parametrize("module, prog, args, message", [
+    (loadtest, "serving.loadtest", [*LOADTEST_ARGS, "--url", "127.0.0.1:8080"],
      "argument --url: '127.0.0.1:8080' is not an http:// or https:// URL"),
-    (loadtest, [*LOADTEST_ARGS, "--max-error-rate", "5"],
+    (loadtest, "serving.loadtest", [*LOADTEST_ARGS, "--max-error-rate", "5"],
      "argument --max-error-rate: must be between 0 and 1, got 5"),
-    (loadtest, [*LOADTEST_ARGS, "--images-per-request", "0"],
+    (loadtest, "serving.loadtest", [*LOADTEST_ARGS, "--images-per-request", "0"],
      "argument --images-per-request: must be a positive integer, got 0"),
-    (server_module, [*SERVER_ARGS, "--max-batch-wait-ms", "-1"],
+    (client, "serving.client predict", ["predict", "image.png", "--url", "localhost:8080"],
+     "argument --url: 'localhost:8080' is not an http:// or https:// URL"),
+    (server_module, "serving.server", [*SERVER_ARGS, "--max-batch-wait-ms", "-1"],
      "argument --max-batch-wait-ms: must be a finite number >= 0, got -1"),
-    (server_module, [*SERVER_ARGS, "--max-batch-wait-ms", "inf"],
+    (server_module, "serving.server", [*SERVER_ARGS, "--max-batch-wait-ms", "inf"],
      "argument --max-batch-wait-ms: must be a finite number >= 0, got inf"),
 ])
-def test_bad_arguments_are_one_line_errors(module, args, message, capsys):
+def test_bad_arguments_are_one_line_errors(module, prog, args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.parse_args(args)
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == f"{module.__name__}: error: {message} (see --help)\n"
+    assert capsys.readouterr().err == f"{prog}: error: {message} (see --help)\n"
 
 
 def test_kserves_timing_middleware_is_left_out_and_ours_kept():

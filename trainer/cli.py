@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
@@ -45,6 +46,12 @@ def fraction(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
+
+
+def http_url(text: str) -> str:
+    if not re.match(r"^https?://[^/]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    return text
 
 
 def run(prog: str, main: Callable[[Sequence[str] | None], None], argv: Sequence[str] | None = None,
