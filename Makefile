@@ -53,5 +53,12 @@ lock:
 	.lock-venv/bin/pip freeze --exclude-editable > requirements.txt
 	rm -rf .lock-venv
 
+# Before `pulumi up --stack $(STACK)`: docker (and its daemon), k3d, pulumi and kubectl, each new
+# enough; STACK=gke checks gcloud and gke-gcloud-auth-plugin instead of k3d (infra/preflight.py).
+STACK ?= local
+.PHONY: preflight
+preflight: $(INSTALLED)
+	$(PY) -m infra.preflight --stack $(STACK)
+
 clean:
 	rm -rf runs
