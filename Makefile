@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 # make demo: the pipeline end to end on local processes (python -m pipeline run): ingest -> train
 # each variant on WORKERS worker processes -> select and publish -> serve one example prediction.
 DEMO_DIR ?= runs/demo
-SAMPLE_DIR ?= ../shared/datasets/fashion-mnist-sample
+SAMPLE_DIR ?= datasets/fashion-mnist-sample
 WORKERS ?= 2
 VARIANTS ?= cnn cnn_dropout cnn_batchnorm
 BATCH_SIZE_PER_REPLICA ?= 16
@@ -37,6 +37,12 @@ serve: $(INSTALLED)
 test: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# The tests' pinned upstream CRDs (testdata/pins.py): from ../shared/schemas when it is there, else
+# downloaded once into .cache/fixtures/, every file SHA-256 checked. Tests never download.
+.PHONY: fixtures
+fixtures: $(INSTALLED)
+	$(PY) -m testdata
 
 bench: bench-train bench-serve
 

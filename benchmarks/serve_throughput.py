@@ -33,7 +33,7 @@ from trainer import fashion_mnist, model_repository
 from trainer.ingest import ingest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SAMPLE_DIR = REPO_ROOT.parent / "shared" / "datasets" / "fashion-mnist-sample"
+SAMPLE_DIR = REPO_ROOT / "datasets" / "fashion-mnist-sample"
 MODEL = "fmnist"
 CEILING_BATCH = 32
 CONCURRENCIES = (1, 5, 32)

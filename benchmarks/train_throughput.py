@@ -30,7 +30,7 @@ from trainer.fashion_mnist import SPLIT_FILES, Split, load_split, read_split, wr
 from trainer.ingest import ingest
 from trainer.train import DEFAULT_LEARNING_RATE, compiled_model
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "fashion-mnist-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[1] / "datasets" / "fashion-mnist-sample"  # in the repo
 TARGET_RATIO = 0.9
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Fashion-MNIST sample, subprocess runners, and trained exports."""
+"""Shared fixtures: the real Fashion-MNIST sample, the upstream CRDs, subprocess runners, and
+trained exports."""
 
 from __future__ import annotations
 
@@ -6,13 +7,35 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from testdata import fixtures
+from testdata.crd_schema import validate_manifest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DIR = REPO_ROOT.parent / "shared"
-SAMPLE_DIR = SHARED_DIR / "datasets" / "fashion-mnist-sample"
+# Values of CI that mean "every test must run": GitHub Actions and the project's CI set CI=true.
+CI_VALUES = {"true", "1", "yes"}
+T = TypeVar("T")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in CI_VALUES
+
+
+def require_fixture(find: Callable[[], T]) -> T:
+    """find(), or, when what it looks for is missing (FixtureMissing), a skip whose one-line reason
+    says what is missing and how to get it. Under CI=true the same is a failure: CI must run every
+    test, so a missing fixture cannot pass as a skip. A wrong file (bad checksum) always errors."""
+    try:
+        return find()
+    except fixtures.FixtureMissing as missing:
+        if in_ci():
+            pytest.fail(f"missing fixture (CI=true, so not skipped): {missing}", pytrace=False)
+        pytest.skip(f"missing fixture: {missing}")
 
 
 def run_module(module: str, *args: str, env: dict[str, str] | None = None,
@@ -32,9 +55,8 @@ def last_line(text: str) -> str:
 
 @pytest.fixture(scope="session")
 def sample_dir() -> Path:
-    if not (SAMPLE_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"the Fashion-MNIST sample is not at {SAMPLE_DIR}")
-    return SAMPLE_DIR
+    """The in-repo sample (datasets/fashion-mnist-sample), checksums verified."""
+    return require_fixture(fixtures.sample_dir)
 
 
 @pytest.fixture(scope="session")
@@ -82,18 +104,15 @@ def published_repo(two_worker_export: Path, tmp_path_factory: pytest.TempPathFac
     return repo
 
 
-SCHEMAS_DIR = SHARED_DIR / "schemas"
-
-
 @pytest.fixture(scope="session")
-def validate_crd():
-    """validate(crd file, manifest) -> errors: the upstream CRDs of ../shared/schemas, strict fields."""
-    if not (SCHEMAS_DIR / "check_crd_schema.py").is_file():
-        pytest.skip(f"the upstream schemas are not at {SCHEMAS_DIR} (../shared is absent)")
-    sys.path.insert(0, str(SCHEMAS_DIR))
-    from check_crd_schema import validate_manifest
+def validate_crd() -> Callable[[str, dict], list[str]]:
+    """validate(crd file, manifest) -> errors, strict fields: the pinned upstream CRDs of
+    testdata/pins.py (names as under ../shared/schemas), from ../shared or the fixtures cache."""
+    found: dict[str, Path] = {}  # each file's checksum is verified once per session
 
     def validate(crd: str, manifest: dict) -> list[str]:
-        return validate_manifest(str(SCHEMAS_DIR / crd), manifest, strict=True)
+        if crd not in found:
+            found[crd] = require_fixture(lambda: fixtures.resolve(fixtures.pin_for(crd)))
+        return validate_manifest(found[crd], manifest, strict=True)
 
     return validate

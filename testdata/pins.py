@@ -1,0 +1,62 @@
+"""Every file the tests need that the repository does not carry, pinned: upstream CRDs by URL at a
+fixed commit with the SHA-256 of their bytes, and the SHA-256 of the in-repo Fashion-MNIST sample.
+
+CI caches the downloads keyed on this file's hash: change a pin here and the cache starts afresh.
+The checksums were computed from the byte-for-byte upstream copies in ../shared/schemas, whose git
+blob SHAs match the upstream ones named in its README.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RAW = "https://raw.githubusercontent.com"
+
+# Upstream commits of the tags the stacks install (Pulumi.*.yaml, platform versions).
+TRAINING_OPERATOR_V1_9_4 = f"{RAW}/kubeflow/trainer/4445c12aa62e4345b0c2c6ac9b215a70eca46ed7"
+ARGO_V3_7_18 = f"{RAW}/argoproj/argo-workflows/66e32e5cc367f223e2ecf4fbe852b95eaed83034"
+ARGO_V4_1_2 = f"{RAW}/argoproj/argo-workflows/16a52d67daf2f4a8a76fa8bec02a76a46aa46257"
+KSERVE_V0_20_0 = f"{RAW}/kserve/kserve/1fb781055dd1567164358233e1125142ca6ef1fe"
+# The "full" Argo CRDs (with openAPIV3 schemas); a default v3 install uses the schema-less minimal ones.
+ARGO_FULL_CRDS = "manifests/base/crds/full"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One upstream file: `name` is its path under ../shared/schemas and under the cache, the name the
+    tests ask for."""
+
+    name: str
+    url: str
+    sha256: str
+    size: int  # bytes: a download that grows past it is cut short as a mismatch
+
+
+CRD_PINS: dict[str, Pin] = {pin.name: pin for pin in (
+    Pin("kubeflow.org_tfjobs.yaml",
+        f"{TRAINING_OPERATOR_V1_9_4}/manifests/base/crds/kubeflow.org_tfjobs.yaml",
+        "6028ab677922ee558d279c9cc2028500372875eec327ed6819fc4dc2796cda9e", 611_577),
+    Pin("argoproj.io_workflows.yaml",
+        f"{ARGO_V3_7_18}/{ARGO_FULL_CRDS}/argoproj.io_workflows.yaml",
+        "ccbc7d66bcde1a5be0985630e13561f982800c47a8486d9ccb3dde6e7ddac068", 3_218_769),
+    Pin("argoproj.io_workflowtemplates.yaml",
+        f"{ARGO_V3_7_18}/{ARGO_FULL_CRDS}/argoproj.io_workflowtemplates.yaml",
+        "b52ca3ef1a6757202e51a567c2788adda51af8f5bf7fcf7f2ac1b3560f97ecb2", 1_215_121),
+    Pin("argo-v4.1.2/argoproj.io_workflows.yaml",
+        f"{ARGO_V4_1_2}/{ARGO_FULL_CRDS}/argoproj.io_workflows.yaml",
+        "35ffc0d16c9c71db69ae113e562d90057eac75a60e7371aa3012a3171ccd8c39", 2_838_656),
+    Pin("argo-v4.1.2/argoproj.io_workflowtemplates.yaml",
+        f"{ARGO_V4_1_2}/{ARGO_FULL_CRDS}/argoproj.io_workflowtemplates.yaml",
+        "e932631a04a0f3a226b2ca8c68d43214c071c5d8aa6961b23298b81cbea3d9a5", 2_690_017),
+    Pin("serving.kserve.io_inferenceservices.yaml",
+        f"{KSERVE_V0_20_0}/config/crd/full/serving.kserve.io_inferenceservices.yaml",
+        "57c3bf13f77de94678bf2ae3748056ec071ad2b9e88d6a28f44fb4710758fcff", 1_959_187),
+)}
+
+# The 600-image sample carried in datasets/fashion-mnist-sample (see its README).
+SAMPLE_SHA256: dict[str, str] = {
+    "train-images-idx3-ubyte.gz": "6be7484dc94604e404f6e3bdbd092925d99ced84cf714a176b382dadc5cce579",
+    "train-labels-idx1-ubyte.gz": "7746f647948199b286bb44623ddded010e1f11ef49d78e1053eaff8193994e7e",
+    "t10k-images-idx3-ubyte.gz": "05d44e7c1df713c2046d088f4c456a7f3b27a2c122c16cab43c7dfdf38c93d2e",
+    "t10k-labels-idx1-ubyte.gz": "261b99b9116989080c7f8d7a0954e683296e21528d55877236505a31bdcea130",
+}
