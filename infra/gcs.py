@@ -15,8 +15,9 @@ WORKLOAD_IDENTITY_ROLE = "roles/iam.workloadIdentityUser"
 CHECKPOINTS_PREFIX = "checkpoints/"
 
 
-def workload_identity_member(project: str, namespace: str, service_account: str) -> str:
-    return f"serviceAccount:{project}.svc.id.goog[{namespace}/{service_account}]"
+def workload_identity_member(workload_pool: str, namespace: str, service_account: str) -> str:
+    """The IAM principal of a Kubernetes service account in the cluster's identity pool."""
+    return f"serviceAccount:{workload_pool}[{namespace}/{service_account}]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +28,9 @@ class GcsStorageArgs:
     checkpoint_retention_days: int
     namespace: str
     kubernetes_service_accounts: tuple[str, ...]  # who may use the bucket
+    # The cluster's Workload Identity pool (PROJECT.svc.id.goog), as the cluster reports it: IAM refuses
+    # members of a pool that does not exist yet, so the bindings must wait for the cluster.
+    workload_pool: pulumi.Input[str]
 
 
 class GcsStorage(pulumi.ComponentResource):
@@ -65,7 +69,9 @@ class GcsStorage(pulumi.ComponentResource):
             gcp.serviceaccount.IAMMember(
                 f"{name}-workload-identity-{kubernetes_account}",
                 service_account_id=account.name, role=WORKLOAD_IDENTITY_ROLE,
-                member=workload_identity_member(args.project, args.namespace, kubernetes_account),
+                member=pulumi.Output.from_input(args.workload_pool).apply(
+                    lambda pool, account=kubernetes_account: workload_identity_member(
+                        pool, args.namespace, account)),
                 opts=child)
         self.storage = gcs_storage(args.bucket_name)
         self.service_account_email = account.email

@@ -1,4 +1,5 @@
-"""A GKE cluster with Workload Identity, its node pools managed separately, and a provider for it."""
+"""A GKE cluster with Workload Identity, its node pools managed separately, the nodes' own service
+account, and a provider for it."""
 
 from __future__ import annotations
 
@@ -13,12 +14,25 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}
 NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]  # access is IAM's, via Workload Identity
 KUBERNETES_TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule"}
+# Our label on every node, `dist-ml/pool: <pool name>`: GKE's own (cloud.google.com/gke-nodepool)
+# carries the pool's autonamed name, which pods cannot know in advance.
+POOL_LABEL = "dist-ml/pool"
+# What GKE documents as the least a custom node service account needs on the project (logs, metrics,
+# autoscaling signals), and what the nodes' kubelet needs to pull our images from the repository.
+NODE_PROJECT_ROLES = ("roles/container.defaultNodeServiceAccount",)
+IMAGE_READER_ROLE = "roles/artifactregistry.reader"
+NODE_ACCOUNT_SUFFIX = "-nodes"  # the nodes' service account is <cluster name>-nodes
 
 
 def toleration(taint: dict) -> dict:
     """The Kubernetes toleration of a GKE node pool taint."""
     return {"key": taint["key"], "operator": "Equal", "value": taint["value"],
             "effect": KUBERNETES_TAINT_EFFECTS[taint["effect"]]}
+
+
+def node_selector(pool_name: str) -> dict[str, str]:
+    """The node selector of the pool's nodes."""
+    return {POOL_LABEL: pool_name}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +48,11 @@ class NodePoolArgs:
     def taints(self) -> list[dict]:
         return [*([GPU_TAINT] if self.accelerator_type else []), *([SPOT_TAINT] if self.spot else [])]
 
+    @property
+    def gpus(self) -> int:
+        """The GPUs of one node, all of which a pod placed on it asks for."""
+        return self.accelerator_count if self.accelerator_type else 0
+
 
 @dataclasses.dataclass(frozen=True)
 class GkeClusterArgs:
@@ -43,6 +62,7 @@ class GkeClusterArgs:
     release_channel: str
     deletion_protection: bool
     node_pools: dict[str, NodePoolArgs]  # pool name -> settings; "cpu" always present
+    image_repository: gcp.artifactregistry.Repository  # where the nodes pull the pods' images from
 
 
 def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
@@ -92,6 +112,7 @@ class GkeCluster(pulumi.ComponentResource):
             addons_config={"gcs_fuse_csi_driver_config": {"enabled": True}},
             opts=child,
         )
+        node_account, node_grants = self._node_service_account(name, args, child)
         self.node_pools = [
             gcp.container.NodePool(
                 f"{name}-{pool_name}-pool",
@@ -103,21 +124,48 @@ class GkeCluster(pulumi.ComponentResource):
                 node_config={
                     "machine_type": pool.machine_type,
                     "spot": pool.spot,
+                    # Not the Compute Engine default account, which may be missing, disabled, or an editor.
+                    "service_account": node_account.email,
                     "oauth_scopes": NODE_SCOPES,
                     # Pods get Google credentials from their Kubernetes service account, never the node's.
                     "workload_metadata_config": {"mode": "GKE_METADATA"},
-                    "labels": {"dist-ml/pool": pool_name},
+                    "labels": node_selector(pool_name),
                     "taints": pool.taints,
                     "guest_accelerators": ([{"type": pool.accelerator_type, "count": pool.accelerator_count}]
                                            if pool.accelerator_type else []),
                 },
-                opts=child,
+                # Nodes without their grants would start unable to pull images or write logs.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=node_grants),
             )
             for pool_name, pool in args.node_pools.items()
         ]
+        # The identity pool of Workload Identity exists once the cluster that enables it does: bindings
+        # to its members that take the pool from here wait for the cluster.
+        self.workload_pool: pulumi.Output[str] = cluster.workload_identity_config.workload_pool
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
             cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate,
         ).apply(lambda values: kubeconfig(*values)))
         self.provider = k8s.Provider(f"{name}-provider", kubeconfig=self.kubeconfig,
                                      opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_pools))
-        self.register_outputs({"kubeconfig": self.kubeconfig, "endpoint": cluster.endpoint})
+        self.register_outputs({"kubeconfig": self.kubeconfig, "endpoint": cluster.endpoint,
+                               "nodeServiceAccount": node_account.email})
+
+    def _node_service_account(self, name: str, args: GkeClusterArgs, child: pulumi.ResourceOptions,
+                              ) -> tuple[gcp.serviceaccount.Account, list[pulumi.Resource]]:
+        """The nodes' service account and its grants: GKE's node role on the project, and reading
+        (only) the image repository."""
+        account = gcp.serviceaccount.Account(
+            f"{name}-node-service-account", project=args.project,
+            account_id=f"{args.name}{NODE_ACCOUNT_SUFFIX}", display_name=f"GKE nodes of {args.name}",
+            opts=child)
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+        grants: list[pulumi.Resource] = [
+            gcp.projects.IAMMember(f"{name}-node-{role.rpartition('.')[2]}", project=args.project,
+                                   role=role, member=member, opts=child)
+            for role in NODE_PROJECT_ROLES
+        ]
+        repository = args.image_repository
+        grants.append(gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-node-image-reader", project=repository.project, location=repository.location,
+            repository=repository.repository_id, role=IMAGE_READER_ROLE, member=member, opts=child))
+        return account, grants

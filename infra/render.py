@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import pulumi
 import yaml
+from pulumi.runtime.mocks import MockMonitor
 
 from pipeline.config import ConfigError
 from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
@@ -44,6 +45,8 @@ class Declared:
     name: str
     inputs: dict
     custom: bool
+    # Names of the resources it waits for: named in depends_on, or whose outputs its inputs use.
+    depends_on: frozenset[str] = frozenset()
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -70,9 +73,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def __init__(self) -> None:
         self.declared: list[Declared] = []
+        self.dependencies: dict[tuple[str, str], frozenset[str]] = {}  # (type, name) -> names
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
-        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom)))
+        depends_on = self.dependencies.get((args.typ, args.name), frozenset())
+        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom), depends_on))
         state = dict(args.inputs)
         if args.typ == "command:local:Command":
             state["stdout"] = command_output(args.inputs)
@@ -90,6 +95,20 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         return {}
+
+
+class RecordingMonitor(MockMonitor):
+    """The mocks' engine, noting what each registered resource depends on (which the mocks' own
+    arguments leave out) for RecordingMocks."""
+
+    def __init__(self, mocks: RecordingMocks) -> None:
+        super().__init__(mocks)
+        self.recording = mocks
+
+    def RegisterResource(self, request):  # noqa: N802 - the engine's RPC name
+        self.recording.dependencies[(request.type, request.name)] = frozenset(
+            urn.rpartition("::")[2] for urn in request.dependencies)
+        return super().RegisterResource(request)
 
 
 def integral_floats_as_ints(value: Any) -> Any:
@@ -139,7 +158,8 @@ def install_mocks(stack: str, values: Mapping[str, str]) -> RecordingMocks:
     # process may have left none.
     asyncio.set_event_loop(asyncio.new_event_loop())
     mocks = RecordingMocks()
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False,
+                             monitor=RecordingMonitor(mocks))
     pulumi.runtime.set_all_config(dict(values))
     return mocks
 

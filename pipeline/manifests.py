@@ -80,17 +80,27 @@ class ClusterTarget:
     kserve_deployment_mode: str | None = None  # None: the KServe installation's default
     predictor_service_account: str | None = None
     logger_url: str | None = None  # where the predictor's KServe logger posts CloudEvents
+    # Where TFJob pods run: the training node pool's labels and taints, and its GPUs per node.
     training_tolerations: tuple[dict, ...] = ()  # e.g. a GPU pool's taint
+    training_node_selector: dict = dataclasses.field(default_factory=dict)
+    training_gpus: int = 0
+
+
+GPU_RESOURCE = "nvidia.com/gpu"  # the extended resource NVIDIA's device plugin advertises
 
 
 def storage_mount() -> dict:
     return {"name": STORAGE_VOLUME, "mountPath": CLUSTER_STORAGE_ROOT}
 
 
-def container(step: Step, name: str, images: Images) -> dict:
+def container(step: Step, name: str, images: Images, gpus: int = 0) -> dict:
+    resources = step.resources.as_manifest()
+    if gpus:
+        # Extended resources cannot be overcommitted: Kubernetes requires requests equal to limits.
+        for kind in ("requests", "limits"):
+            resources[kind][GPU_RESOURCE] = gpus
     return {"name": name, "image": images.of(step), "imagePullPolicy": "IfNotPresent",
-            "command": step.command, "volumeMounts": [storage_mount()],
-            "resources": step.resources.as_manifest()}
+            "command": step.command, "volumeMounts": [storage_mount()], "resources": resources}
 
 
 def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labels: dict) -> dict:
@@ -99,9 +109,11 @@ def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labe
         metadata["annotations"] = dict(target.storage.pod_annotations)
     spec: dict = {
         "serviceAccountName": config.service_account_name,
-        "containers": [container(step, TFJOB_CONTAINER, target.images)],
+        "containers": [container(step, TFJOB_CONTAINER, target.images, target.training_gpus)],
         "volumes": [target.storage.volume()],
     }
+    if target.training_node_selector:
+        spec["nodeSelector"] = dict(target.training_node_selector)
     if target.training_tolerations:
         spec["tolerations"] = [dict(toleration) for toleration in target.training_tolerations]
     return {"metadata": metadata, "spec": spec}

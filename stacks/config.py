@@ -78,6 +78,10 @@ class GkeConfig:
     cpu_pool: NodePoolConfig = NodePoolConfig("e2-standard-4", 1, 5)
     spot_pool: NodePoolConfig | None = None  # preemptible capacity for training
     gpu_pool: NodePoolConfig | None = None
+    training_pool: str = "cpu"  # where TFJob pods run: one of TRAINING_POOLS, an existing pool
+
+    def pool(self, name: str) -> NodePoolConfig | None:
+        return {"cpu": self.cpu_pool, "spot": self.spot_pool, "gpu": self.gpu_pool}[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +126,7 @@ class StackConfig:
 
 K3D_KEYS = {"servers": "", "agents": "", "k3sImage": "", "ports": ""}
 GKE_KEYS = {"location": "", "releaseChannel": "", "deletionProtection": "", "kubernetesVersion": "",
-            "nodePools": ""}
+            "nodePools": "", "trainingPool": "cpu, spot or gpu: the node pool of the TFJob pods"}
 CLUSTER_KEYS = {"kind": "k3d or gke", "name": "cluster name", **K3D_KEYS, **GKE_KEYS}
 PLATFORM_KEYS = {"trainingOperatorVersion": "", "argoVersion": "", "certManagerVersion": "",
                  "kserveVersion": "", "kserveDeploymentMode": "", "knativeVersion": ""}
@@ -134,6 +138,16 @@ NODE_POOL_KEYS = {"enabled": "", "machineType": "", "minNodes": "", "maxNodes": 
                   "acceleratorCount": ""}
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
 GCP_KEYS = ("project", "region")
+# Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
+GCP_PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+# Well-formed ids that only ever appear in examples: caught now rather than by the first API call.
+PLACEHOLDER_PROJECTS = ("my-gcp-project", "my-project", "my-project-id", "your-project", "your-project-id",
+                        "project-id", "gcp-project", "example-project")
+GCP_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-central1, northamerica-northeast1
+GCP_LOCATION = re.compile(r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$")  # a region, or a zone like us-central1-a
+# At most 24 characters: the nodes' service account is `<name>-nodes`, and account ids stop at 30.
+GKE_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$")
+TRAINING_POOLS = ("cpu", "spot", "gpu")
 GCS_BUCKET = re.compile(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$")
 KUBERNETES_VERSION = re.compile(r"^1\.[0-9]+$")
 
@@ -193,6 +207,10 @@ def _node_pool(parent: Section, name: str, default: NodePoolConfig | None,
         accelerator_type=section.text("acceleratorType", "nvidia-tesla-t4" if accelerated else None),
         accelerator_count=section.integer("acceleratorCount", 1 if accelerated else 0, 0),
     )
+    if not optional and pool.min_nodes < 1:
+        raise section.fail("minNodes", "must be >= 1: system pods and the platform run only on the cpu pool "
+                                       "(the spot and gpu pools are tainted for training), so it cannot "
+                                       f"scale to zero; got {pool.min_nodes}")
     if pool.max_nodes < pool.min_nodes:
         raise section.fail("maxNodes", f"must be >= minNodes ({pool.min_nodes}), got {pool.max_nodes}")
     if not accelerated and ("acceleratorType" in section.raw or "acceleratorCount" in section.raw):
@@ -207,9 +225,11 @@ def _gke(section: Section, gcp: GcpConfig) -> GkeConfig:
     defaults = GkeConfig()
     pools = Section(section.key("nodePools"), section.raw.get("nodePools"),
                     {"cpu": "", "spot": "", "gpu": ""})
-    return GkeConfig(
-        name=section.text("name", defaults.name, pattern=DNS_LABEL, what="a DNS-1123 label"),
-        location=section.text("location", gcp.region),
+    cluster = GkeConfig(
+        name=section.text("name", defaults.name, pattern=GKE_CLUSTER_NAME,
+                          what="a GKE cluster name: 1-24 of a-z, 0-9 and -, a letter first"),
+        location=section.text("location", gcp.region, pattern=GCP_LOCATION,
+                              what="a region like us-central1 or a zone like us-central1-a"),
         release_channel=section.text("releaseChannel", defaults.release_channel, allowed=RELEASE_CHANNELS),
         deletion_protection=section.flag("deletionProtection", defaults.deletion_protection),
         kubernetes_version=section.text("kubernetesVersion", defaults.kubernetes_version,
@@ -218,6 +238,18 @@ def _gke(section: Section, gcp: GcpConfig) -> GkeConfig:
         spot_pool=_node_pool(pools, "spot", None),
         gpu_pool=_node_pool(pools, "gpu", None, accelerated=True),
     )
+    return dataclasses.replace(cluster, training_pool=_training_pool(section, cluster))
+
+
+def _training_pool(section: Section, cluster: GkeConfig) -> str:
+    """The pool named by trainingPool, which must exist; by default the GPU pool, else the spot pool,
+    else the cpu pool: the most specialised capacity the stack pays for."""
+    default = next(name for name in reversed(TRAINING_POOLS) if cluster.pool(name) is not None)
+    name = section.text("trainingPool", default, allowed=TRAINING_POOLS)
+    if cluster.pool(name) is None:
+        raise section.fail("trainingPool", f"{name} needs cluster.nodePools.{name}.enabled: true; "
+                                           f"enable that pool or choose one that exists")
+    return name
 
 
 def _gcp(kind: str, raw: Mapping[str, Any]) -> GcpConfig | None:
@@ -229,7 +261,13 @@ def _gcp(kind: str, raw: Mapping[str, Any]) -> GcpConfig | None:
     for key in GCP_KEYS:
         if not isinstance(given.get(key), str) or not given[key]:
             raise ConfigError(f"gcp:{key}: is required on the gke stack (pulumi config set gcp:{key} ...)")
-    return GcpConfig(project=given["project"], region=given["region"])
+    project, region = given["project"], given["region"]
+    if not GCP_PROJECT.match(project) or project in PLACEHOLDER_PROJECTS:
+        raise ConfigError(f"gcp:project: must be your GCP project id (6-30 of a-z, 0-9 and -, a letter "
+                          f"first), got {project!r}; pulumi config set --stack gke gcp:project ...")
+    if not GCP_REGION.match(region):
+        raise ConfigError(f"gcp:region: must be a GCP region like us-central1, got {region!r}")
+    return GcpConfig(project=project, region=region)
 
 
 def _platform(raw: Any) -> PlatformConfig:

@@ -7,7 +7,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.gcs import GcsStorage, GcsStorageArgs
-from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, toleration
+from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, node_selector, toleration
 from infra.pipeline import PipelineArgs, PipelineResources
 from infra.registry import RegistryImages, RegistryImagesArgs
 from infra.serving import Serving, ServingArgs, logger_url
@@ -37,27 +37,33 @@ def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
 def define_gke_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     cluster_config, platform_config, gcp_config = config.cluster, config.platform, config.gcp
     pools = node_pools(cluster_config)
+    # Before the cluster: its nodes are granted reading the repository before they start.
+    images = RegistryImages("images", RegistryImagesArgs(project=gcp_config.project,
+                                                         region=gcp_config.region))
     cluster = GkeCluster("cluster", GkeClusterArgs(
         project=gcp_config.project, name=cluster_config.name, location=cluster_config.location,
         release_channel=cluster_config.release_channel,
-        deletion_protection=cluster_config.deletion_protection, node_pools=pools))
+        deletion_protection=cluster_config.deletion_protection, node_pools=pools,
+        image_repository=images.repository))
     namespace = k8s.core.v1.Namespace("namespace", metadata={"name": config.namespace},
                                       opts=pulumi.ResourceOptions(provider=cluster.provider))
-    images = RegistryImages("images", RegistryImagesArgs(project=gcp_config.project,
-                                                         region=gcp_config.region))
     platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     pipeline_account = config.pipeline.service_account_name
     storage = GcsStorage("storage", GcsStorageArgs(
         project=gcp_config.project, location=gcp_config.region, bucket_name=config.storage.bucket_name,
         checkpoint_retention_days=config.storage.checkpoint_retention_days, namespace=config.namespace,
+        workload_pool=cluster.workload_pool,
         kubernetes_service_accounts=(pipeline_account, PREDICTOR_SERVICE_ACCOUNT)))
 
-    tolerations = tuple(toleration(taint) for pool in pools.values() for taint in pool.taints)
+    # Training pods go to the training pool only; nothing else tolerates the spot and gpu taints.
+    training_pool = pools[cluster_config.training_pool]
+    tolerations = tuple(toleration(taint) for taint in training_pool.taints)
     target = images.images.apply(lambda built: ClusterTarget(
         images=built, storage=storage.storage, argo_version=platform_config.argo_version,
         kserve_deployment_mode=platform_config.kserve_deployment_mode,
         predictor_service_account=PREDICTOR_SERVICE_ACCOUNT, logger_url=logger_url(config.namespace),
-        training_tolerations=tolerations))
+        training_tolerations=tolerations, training_node_selector=node_selector(cluster_config.training_pool),
+        training_gpus=training_pool.gpus))
     uses_bucket = {WORKLOAD_IDENTITY_ANNOTATION: storage.service_account_email}
     needs = [*platform.ready, namespace, storage]
     pipeline = PipelineResources("pipeline", PipelineArgs(

@@ -1,5 +1,6 @@
-"""The GKE stack under Pulumi mocks: components, Google Cloud policies, Workload Identity, node pools,
-monitoring, valid objects, the same pipeline and InferenceService as the local stack, and the PR check."""
+"""The GKE stack under Pulumi mocks: components, Google Cloud policies, Workload Identity, node pools
+and where training runs, the nodes' service account, monitoring, valid objects, the same pipeline and
+InferenceService as the local stack, the stack file a first-time user starts from, and the PR check."""
 
 from __future__ import annotations
 
@@ -17,12 +18,23 @@ from infra import policies, render
 STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
 LOCAL_STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
 KUBERNETES_VERSION = "1.33"  # cluster.kubernetesVersion in Pulumi.gke.yaml
-PROJECT = "my-gcp-project"
+PROJECT = "dist-ml-test-4821"  # what a user sets: the stack file has no project
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}
+SPOT_TOLERATION = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+                   "effect": "NoSchedule"}
+TRAINING_TAINT_KEYS = {GPU_TOLERATION["key"], SPOT_TOLERATION["key"]}
+TRAIN_STEPS = ("train-cnn", "train-cnn-dropout", "train-cnn-batchnorm")  # Pulumi.gke.yaml's variants
+NODE_POOL = "gcp:container/nodePool:NodePool"
+ACCOUNT = "gcp:serviceaccount/account:Account"
+
+
+def stack_file_values() -> dict[str, str]:
+    """Pulumi.gke.yaml's values after `pulumi config set gcp:project`."""
+    return {**render.pulumi_values(STACK_FILE), "gcp:project": PROJECT}
 
 
 def gke_values(**sections: dict) -> dict[str, str]:
-    return stack_checks.stack_values(STACK_FILE, **sections)
+    return {**stack_checks.stack_values(STACK_FILE, **sections), "gcp:project": PROJECT}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +84,7 @@ def test_the_bucket_is_private_versioned_and_forgets_old_checkpoints(gke_stack):
 
 
 def test_workload_identity_binds_the_pipeline_and_predictor_accounts_to_the_bucket(gke_stack):
-    (account,) = gke_stack.of_type("gcp:serviceaccount/account:Account")
+    (account,) = [a for a in gke_stack.of_type(ACCOUNT) if a.name == "storage-service-account"]
     email = f"{account.inputs['accountId']}@{PROJECT}.iam.gserviceaccount.com"
     (grant,) = gke_stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
     assert grant.inputs["role"] == "roles/storage.objectAdmin"
@@ -87,6 +99,33 @@ def test_workload_identity_binds_the_pipeline_and_predictor_accounts_to_the_buck
         assert accounts[name]["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
     (isvc,) = objects_of(gke_stack, "InferenceService")
     assert isvc["spec"]["predictor"]["serviceAccountName"] == "dist-ml-predictor"
+
+
+ANSWERED_POOL = "pool-as-gke-reports-it.svc.id.goog"
+
+
+class ClusterReportsItsPool(render.RecordingMocks):
+    """GKE's answer for the cluster's identity pool, distinct from what the program asked for: a member
+    built from the answer can only come from the cluster's output."""
+
+    def new_resource(self, args):
+        resource_id, state = super().new_resource(args)
+        if args.typ == "gcp:container/cluster:Cluster":
+            state = {**state, "workloadIdentityConfig": {"workloadPool": ANSWERED_POOL}}
+        return resource_id, state
+
+
+def test_workload_identity_bindings_wait_for_the_cluster_that_creates_the_identity_pool(monkeypatch):
+    monkeypatch.setattr(render, "RecordingMocks", ClusterReportsItsPool)
+    rendered = render.render("gke", gke_values())
+    bindings = rendered.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+    members = {binding.inputs["member"] for binding in bindings}
+    assert f"serviceAccount:{ANSWERED_POOL}[dist-ml/dist-ml-pipeline]" in members
+    (cluster,) = rendered.of_type("gcp:container/cluster:Cluster")
+    for binding in bindings:
+        assert re.fullmatch(rf"serviceAccount:{re.escape(ANSWERED_POOL)}\[dist-ml/[-a-z0-9]+\]",
+                            binding.inputs["member"]), binding.name
+        assert cluster.name in binding.depends_on, binding.name
 
 
 def test_pipeline_pods_mount_the_bucket_where_the_local_stack_mounts_its_volume(gke_stack):
@@ -111,24 +150,133 @@ def test_pods_use_the_pushed_images_by_digest(gke_stack):
     assert "/dist-ml/serving@sha256:" in isvc["spec"]["predictor"]["containers"][0]["image"]
 
 
+def pools_of(rendered: render.Rendered) -> dict[str, dict]:
+    return {r.name: render.integral_floats_as_ints(r.inputs) for r in rendered.of_type(NODE_POOL)}
+
+
+def trainer_resources(pod: dict) -> dict:
+    (trainer,) = pod["spec"]["containers"]
+    return trainer["resources"]
+
+
 def test_node_pools_follow_the_config_and_only_gpu_pools_bring_gpu_tolerations(gke_stack):
-    pools = {r.name: r.inputs for r in gke_stack.of_type("gcp:container/nodePool:NodePool")}
+    pools = pools_of(gke_stack)
     assert set(pools) == {"cluster-cpu-pool", "cluster-spot-pool"}  # Pulumi.gke.yaml: gpu disabled
     assert pools["cluster-spot-pool"]["nodeConfig"]["spot"] is True
     assert pools["cluster-cpu-pool"]["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
     assert GPU_TOLERATION not in training_pod(gke_stack)["spec"].get("tolerations", [])
 
-    rendered = render.render("gke", gke_values(cluster={"kind": "gke", "nodePools": {
+    # No trainingPool: with a GPU pool, training goes there.
+    rendered = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": None, "nodePools": {
         "cpu": {"machineType": "e2-standard-8", "minNodes": 2, "maxNodes": 7},
         "gpu": {"enabled": True, "acceleratorType": "nvidia-l4", "acceleratorCount": 2,
                 "machineType": "g2-standard-24", "maxNodes": 3}}}))
-    pools = {r.name: r.inputs for r in rendered.of_type("gcp:container/nodePool:NodePool")}
+    pools = pools_of(rendered)
     assert set(pools) == {"cluster-cpu-pool", "cluster-gpu-pool"}
     assert pools["cluster-cpu-pool"]["autoscaling"] == {"totalMinNodeCount": 2, "totalMaxNodeCount": 7}
     gpu = pools["cluster-gpu-pool"]["nodeConfig"]
     assert gpu["guestAccelerators"] == [{"type": "nvidia-l4", "count": 2}]
     assert gpu["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
-    assert training_pod(rendered)["spec"]["tolerations"] == [GPU_TOLERATION]
+    assert gpu["labels"] == {"dist-ml/pool": "gpu"}
+    pod = training_pod(rendered)
+    assert pod["spec"]["tolerations"] == [GPU_TOLERATION]
+    assert pod["spec"]["nodeSelector"] == {"dist-ml/pool": "gpu"}
+    resources = trainer_resources(pod)
+    # All of a node's GPUs, requested as limited: Kubernetes refuses extended resources otherwise.
+    assert resources["limits"]["nvidia.com/gpu"] == 2 and resources["requests"]["nvidia.com/gpu"] == 2
+
+
+def test_training_runs_on_the_spot_pool_when_there_is_one_and_on_demand_otherwise(gke_stack):
+    pools = pools_of(gke_stack)
+    assert pools["cluster-spot-pool"]["nodeConfig"]["labels"] == {"dist-ml/pool": "spot"}
+    for step in TRAIN_STEPS:
+        pod = training_pod(gke_stack, step)
+        assert pod["spec"]["nodeSelector"] == {"dist-ml/pool": "spot"}, step
+        assert pod["spec"]["tolerations"] == [SPOT_TOLERATION], step
+        assert not {"nvidia.com/gpu"} & set(trainer_resources(pod)["limits"]), step
+
+    on_demand = render.render("gke", gke_values(cluster={
+        "kind": "gke", "trainingPool": None, "nodePools": {"spot": {"enabled": False}}}))
+    assert set(pools_of(on_demand)) == {"cluster-cpu-pool"}
+    pod = training_pod(on_demand)
+    assert pod["spec"]["nodeSelector"] == {"dist-ml/pool": "cpu"}
+    assert "tolerations" not in pod["spec"]
+
+    # Chosen explicitly: the on-demand pool although a spot pool exists.
+    chosen = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "cpu"}))
+    assert "cluster-spot-pool" in pools_of(chosen)
+    assert training_pod(chosen)["spec"]["nodeSelector"] == {"dist-ml/pool": "cpu"}
+    assert "tolerations" not in training_pod(chosen)["spec"]
+
+
+def training_pool_tolerations(node: object, in_tfjob: bool = False) -> list[tuple[bool, dict]]:
+    """(inside a TFJob?, toleration) for every toleration of a spot or GPU taint under `node`,
+    with Argo's embedded manifests opened."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "manifest" and isinstance(value, str):
+                manifest = yaml.safe_load(value)
+                found += training_pool_tolerations(manifest, in_tfjob or manifest.get("kind") == "TFJob")
+            elif key == "tolerations" and isinstance(value, list):
+                found += [(in_tfjob, t) for t in value if t.get("key") in TRAINING_TAINT_KEYS]
+            else:
+                found += training_pool_tolerations(value, in_tfjob)
+    elif isinstance(node, list):
+        for item in node:
+            found += training_pool_tolerations(item, in_tfjob)
+    return found
+
+
+def test_only_training_pods_tolerate_the_spot_and_gpu_taints_and_the_cpu_pool_stays_up():
+    rendered = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "gpu", "nodePools": {
+        "spot": {"enabled": True}, "gpu": {"enabled": True}}}))
+    found = [entry for resource in rendered.resources for entry in training_pool_tolerations(resource.inputs)]
+    # The search sees the training pods' tolerations (so it is not blind), and nothing else's.
+    assert [toleration for in_tfjob, toleration in found if in_tfjob] == [GPU_TOLERATION] * len(TRAIN_STEPS)
+    assert [toleration for in_tfjob, toleration in found if not in_tfjob] == []
+    (logger,) = [d for d in objects_of(rendered, "Deployment") if "logger" in d["metadata"]["name"]]
+    assert "tolerations" not in logger["spec"]["template"]["spec"]
+    (isvc,) = objects_of(rendered, "InferenceService")
+    assert "tolerations" not in isvc["spec"]["predictor"]
+    # System pods and the platform land on the cpu pool: untainted, never scaled to zero.
+    cpu = pools_of(rendered)["cluster-cpu-pool"]
+    assert cpu["nodeConfig"]["taints"] == [] and cpu["autoscaling"]["totalMinNodeCount"] >= 1
+    tainted = {name: pool["nodeConfig"]["taints"] for name, pool in pools_of(rendered).items()}
+    assert {key["key"] for key in tainted["cluster-spot-pool"]} == {SPOT_TOLERATION["key"]}
+    assert {key["key"] for key in tainted["cluster-gpu-pool"]} == {GPU_TOLERATION["key"]}
+
+
+def test_nodes_have_their_own_service_account_that_may_pull_from_the_repository_before_they_start(gke_stack):
+    (node_account,) = [a for a in gke_stack.of_type(ACCOUNT) if a.name == "cluster-node-service-account"]
+    assert node_account.inputs["accountId"] == "dist-ml-nodes"
+    email = f"dist-ml-nodes@{PROJECT}.iam.gserviceaccount.com"
+    (repository,) = gke_stack.of_type("gcp:artifactregistry/repository:Repository")
+    (reader,) = gke_stack.of_type("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
+    assert reader.inputs == {"project": PROJECT, "location": "us-central1",
+                             "repository": repository.inputs["repositoryId"],
+                             "role": "roles/artifactregistry.reader", "member": f"serviceAccount:{email}"}
+    project_grants = gke_stack.of_type("gcp:projects/iAMMember:IAMMember")
+    # GKE's least-privilege role for node service accounts (logs, metrics, autoscaling), nothing more.
+    assert {(g.inputs["role"], g.inputs["member"], g.inputs["project"]) for g in project_grants} == {
+        ("roles/container.defaultNodeServiceAccount", f"serviceAccount:{email}", PROJECT)}
+    pools = gke_stack.of_type(NODE_POOL)
+    assert len(pools) == 2
+    for pool in pools:
+        assert pool.inputs["nodeConfig"]["serviceAccount"] == email, pool.name
+        assert {reader.name, *(g.name for g in project_grants)} <= pool.depends_on, pool.name
+    # The bucket is the workloads' business, through Workload Identity, not the nodes'.
+    (grant,) = gke_stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert email not in grant.inputs["member"]
+
+
+def test_images_are_built_for_the_nodes_platform_whatever_machine_builds_them(gke_stack):
+    pushes = {r.name: r.inputs for r in gke_stack.of_type("command:local:Command")
+              if "docker build" in r.inputs.get("create", "")}
+    assert set(pushes) == {"images-trainer", "images-serving"}
+    for name, inputs in pushes.items():
+        assert " docker build --platform linux/amd64 " in f" {inputs['create']} ", name
+        assert "linux/amd64" in inputs["triggers"], name  # a change of platform rebuilds
 
 
 def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
@@ -159,11 +307,12 @@ def flatten(node: object, path: str = "") -> dict[str, object]:
 
 
 # Where the two stacks may differ: images, storage (volume, mount annotations, URIs), the spot pool's
-# toleration, the predictor's Workload Identity account.
+# toleration and node selector, the predictor's Workload Identity account.
 EXPECTED_DIFFERENCES = re.compile(r"|".join([
     r".*\.image$", r".*\.volumes\[0\]\..*", r".*\.podMetadata\..*",
     r".*\.metadata\.annotations\.gke-gcsfuse.*",
-    r".*\.tolerations\[\d+\]\..*", r".*\.predictor\.serviceAccountName$", r".*\.env\[0\]\.value$",
+    r".*\.tolerations\[\d+\]\..*", r".*\.nodeSelector\..*", r".*\.predictor\.serviceAccountName$",
+    r".*\.env\[0\]\.value$",
     r".*\.storageUri$",
 ]))
 
@@ -193,13 +342,28 @@ BAD_GKE_CONFIG = [
      "cluster.nodePools.gpu.acceleratorCount: must be >= 1"),
     ({"dist-ml:cluster": {"kind": "gke", "nodePools": {"cpu": {"minNodes": 3, "maxNodes": 1}}}},
      "cluster.nodePools.cpu.maxNodes: must be >= minNodes"),
+    ({"dist-ml:cluster": {"kind": "gke", "nodePools": {"cpu": {"minNodes": 0}}}},
+     "cluster.nodePools.cpu.minNodes: must be >= 1: system pods and the platform run only on the cpu pool"),
+    ({"dist-ml:cluster": {"kind": "gke", "trainingPool": "gpu"}},
+     "cluster.trainingPool: gpu needs cluster.nodePools.gpu.enabled: true"),
+    ({"dist-ml:cluster": {"kind": "gke", "trainingPool": "spot", "nodePools": {"spot": {"enabled": False}}}},
+     "cluster.trainingPool: spot needs cluster.nodePools.spot.enabled: true"),
+    ({"dist-ml:cluster": {"kind": "gke", "trainingPool": "tpu"}}, "cluster.trainingPool: must be one of"),
+    ({"dist-ml:cluster": {"kind": "gke", "name": "a-cluster-name-of-25-char"}},
+     "cluster.name: must be a GKE cluster name: 1-24"),
+    ({"dist-ml:cluster": {"kind": "gke", "location": "us-central"}}, "cluster.location: must be a region"),
+    *[({"gcp:project": project}, "gcp:project: must be your GCP project id")
+      for project in ("my-gcp-project", "YOUR-PROJECT", "proj1", "ends-with-hyphen-", "9starts-with-digit",
+                      "a-project-id-longer-than-thirty")],
+    *[({"gcp:region": region}, "gcp:region: must be a GCP region like us-central1")
+      for region in ("us-central1-a", "US-CENTRAL1", "europe", "us central1")],
 ]
 
 
 @pytest.mark.parametrize(("changes", "message"), BAD_GKE_CONFIG,
                          ids=[m.split(":")[0] for _, m in BAD_GKE_CONFIG])
 def test_bad_gke_config_fails_naming_the_key_before_any_resource(changes, message):
-    values = render.pulumi_values(STACK_FILE)
+    values = stack_file_values()
     for key, value in changes.items():
         if value is None:
             values.pop(key)
@@ -214,9 +378,20 @@ def test_gcp_settings_on_the_local_stack_are_errors():
         "stack config: gcp:project: applies only to cluster.kind gke")
 
 
-def test_render_lists_the_google_cloud_resources_with_their_key_settings(tmp_path):
+def test_the_stack_file_has_no_placeholder_project_and_stops_at_once_until_one_is_set(tmp_path):
+    values = render.pulumi_values(STACK_FILE)
+    assert "gcp:project" not in values
+    assert "pulumi config set --stack gke gcp:project" in STACK_FILE.read_text()  # the file says how
+    assert config_error_before_any_resource("gke", values) == (
+        "stack config: gcp:project: is required on the gke stack (pulumi config set gcp:project ...)")
     result = run_module("infra.render", "--stack", "gke", "--out", tmp_path)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode != 0
+    assert "Pulumi.gke.yaml: gcp:project: is required on the gke stack" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_lists_the_google_cloud_resources_with_their_key_settings(gke_stack, tmp_path):
+    render.write(gke_stack, tmp_path)
     summary = (tmp_path / "summary.txt").read_text()
     assert re.search(r'gcp:storage/bucket:Bucket .*"publicAccessPrevention": "enforced"', summary)
     assert re.search(r'gcp:container/nodePool:NodePool +cluster-spot-pool .*"spot": true', summary)
