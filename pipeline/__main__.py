@@ -12,14 +12,13 @@ Workflow that run the same steps on Kubernetes. Flags override the config file's
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 from pipeline import argo
 from pipeline.config import ConfigError, load_config
-from pipeline.local import StepFailed, run_pipeline
+from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
 from pipeline.manifests import DEFAULT_ARGO_VERSION, ClusterTarget
 from serving.client import ServerError
 from serving.process import ServerFailed
@@ -67,10 +66,6 @@ def overrides(args: argparse.Namespace) -> dict:
             if getattr(args, flag, None) is not None}
 
 
-def stop_on_sigterm(_signum: int, _frame: object) -> NoReturn:
-    raise KeyboardInterrupt  # the same clean-up as Ctrl-C
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
@@ -81,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for path in argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version)):
             print(f"render: wrote {path}")
         return
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    install_stop_handlers()
     try:
         run_pipeline(config, serve_forever=args.serve)
     except KeyboardInterrupt:

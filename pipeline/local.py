@@ -9,7 +9,7 @@
   training's and selection's keys are their commands, replicas, the trainer's code and the
   digests of what their inputs came from.
 - Logs: STORAGE_ROOT/logs/<time>-<pid>/<step>/worker-<i>.log; the steps' own WARNING lines are
-  repeated on the console. Ctrl-C or SIGTERM stops every child.
+  repeated on the console. Ctrl-C (SIGINT) or SIGTERM stops every child: `install_stop_handlers`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from PIL import Image
 
@@ -73,6 +74,21 @@ class RunResult:
     version_dir: Path
     example: str  # the served model's answer to one test image
     log_dir: Path
+
+
+def stop_on_signal(_signum: int, _frame: object) -> NoReturn:
+    raise KeyboardInterrupt  # SIGTERM gets the same clean-up as Ctrl-C
+
+
+def install_stop_handlers() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, which stops every child; call from the main thread.
+
+    Python installs its own SIGINT handler only when the process starts with SIGINT at its default:
+    started with it ignored (a background job of a non-interactive shell, some CI runners), Ctrl-C
+    and `kill -INT` were ignored and the run went on. So both are set here, whatever they were.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, stop_on_signal)
 
 
 def digest(value: object) -> str:

@@ -1,14 +1,17 @@
 """The local engine end to end on the sample: publish and serve, memoize, retry a lost worker,
-stop every child on Ctrl-C."""
+stop every child on Ctrl-C or SIGTERM, however the process was started."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -22,10 +25,22 @@ def run_args(sample_dir: Path, root: Path, *flags: str) -> list[str]:
     return ["run", "--data-source", str(sample_dir), "--storage-root", str(root), *FAST, *flags]
 
 
-def start_pipeline(args: list[str], output: Path) -> subprocess.Popen:
+def signals_at(disposition: signal.Handlers, *signums: signal.Signals) -> Callable[[], None]:
+    """A preexec_fn: the child starts with these signals at `disposition`, not at whatever this
+    test process inherited (a suite started as a background job has SIGINT ignored)."""
+    def set_dispositions() -> None:
+        for signum in signums:
+            signal.signal(signum, disposition)
+    return set_dispositions
+
+
+def start_pipeline(args: list[str], output: Path,
+                   preexec_fn: Callable[[], None] = signals_at(signal.SIG_DFL, signal.SIGINT)
+                   ) -> subprocess.Popen:
+    """`python -m pipeline ARGS`, by default with SIGINT at its default as in a terminal."""
     with open(output, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=REPO_ROOT,
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
 
 
 def wait_for_log(root: Path, step: str, pattern: re.Pattern, process: subprocess.Popen,
@@ -39,6 +54,15 @@ def wait_for_log(root: Path, step: str, pattern: re.Pattern, process: subprocess
                 return
         time.sleep(0.2)
     raise AssertionError(f"{step} did not log {pattern.pattern} in {timeout}s")
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        process.kill()
+        process.wait()
 
 
 def trainers(pipeline: subprocess.Popen) -> list[psutil.Process]:
@@ -137,3 +161,28 @@ def test_bad_engine_flags_are_config_errors(tmp_path, flags):
     assert result.returncode == 2 and "pipeline: error: config: pipeline." in last_line(result.stderr)
     assert not (tmp_path / "root").exists()
 
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_engine_stops_on_a_signal_its_parent_had_ignored(sample_dir, tmp_path, signum):
+    """Started with SIGINT and SIGTERM ignored (a background job of a script, some CI runners), the
+    engine still stops every child on either. Ingest is kept busy by a mirror that never answers."""
+    root, output = tmp_path / "root", tmp_path / "out.txt"
+    with socket.create_server(("127.0.0.1", 0)) as silent_mirror:  # listens, never replies
+        mirror = f"http://127.0.0.1:{silent_mirror.getsockname()[1]}/"
+        pipeline = start_pipeline(["run", "--data-source", mirror, "--fallback-source", str(sample_dir),
+                                   "--storage-root", str(root), "--variants", "cnn"], output,
+                                  preexec_fn=signals_at(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM))
+        try:
+            deadline = time.monotonic() + 60
+            while not [child for child in psutil.Process(pipeline.pid).children(recursive=True)
+                       if "trainer.ingest" in child.cmdline()]:
+                assert pipeline.poll() is None and time.monotonic() < deadline, output.read_text()
+                time.sleep(0.1)
+            children = psutil.Process(pipeline.pid).children(recursive=True)
+            pipeline.send_signal(signum)
+            assert pipeline.wait(timeout=20) == 130, output.read_text()
+        finally:
+            kill_tree(pipeline)  # without the engine's handlers it would run on, and its children
+    assert "interrupted; every child process is stopped" in last_line(output.read_text())
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert alive == []
