@@ -42,6 +42,11 @@ class Layout:
     def models(self) -> str:
         return self.path("models")
 
+    @property
+    def releases(self) -> str:
+        """Each published version alone, `<name>/<N>/<N>/`: `<name>/<N>` is a storageUri."""
+        return self.path("releases")
+
     def checkpoints(self, variant: str) -> str:
         return self.path("checkpoints", variant)
 
@@ -116,9 +121,9 @@ def train_step(config: PipelineConfig, layout: Layout, variant: str) -> Step:
 def select_step(config: PipelineConfig, layout: Layout) -> Step:
     exports = [layout.export(variant) for variant in config.variants]
     args = ["--candidates", *exports, "--data-dir", layout.data, "--model-repo", layout.models,
-            "--model-name", config.model_name]
+            "--model-name", config.model_name, "--releases-dir", layout.releases]
     return Step(name=SELECT, image=TRAINER_IMAGE, module="trainer.select", args=tuple(args),
-                inputs=(layout.data, *exports), outputs=(layout.models,),
+                inputs=(layout.data, *exports), outputs=(layout.models, layout.releases),
                 depends=tuple(train_step_name(v) for v in config.variants),
                 resources=config.step_resources, retries=config.retries, memoize=True)
 

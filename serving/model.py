@@ -1,5 +1,6 @@
 """The published Fashion-MNIST model as a KServe model: both protocols, dynamic batching, and the
-newest version of the model repository, switched to while serving."""
+newest committed version under a base path (TF Serving's layout, REPO/<model name> of the model
+repository or a release's /mnt/models), switched to while serving."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ class LoadedVersion:
         return {name: outputs[name].numpy() for name in OUTPUTS}
 
 
-def load_version(repo: Path, model_name: str, number: int) -> LoadedVersion:
-    loaded = tf.saved_model.load(str(repo / model_name / str(number)))
+def load_version(base_path: Path, number: int) -> LoadedVersion:
+    loaded = tf.saved_model.load(str(base_path / str(number)))
     return LoadedVersion(number, loaded.signatures[export.SERVING_SIGNATURE],
                          loaded.signatures[export.PIXELS_SIGNATURE])
 
@@ -68,11 +69,12 @@ class Prediction:
 
 
 class FashionMnistModel(Model):
-    def __init__(self, name: str, repo: Path, max_batch_size: int = 32, max_wait_seconds: float = 0.005,
-                 poll_seconds: float = 2.0, request_logger: RequestLogger | None = None,
-                 log_payloads: bool = False):
+    def __init__(self, name: str, base_path: Path, max_batch_size: int = 32,
+                 max_wait_seconds: float = 0.005, poll_seconds: float = 2.0,
+                 request_logger: RequestLogger | None = None, log_payloads: bool = False):
+        """`base_path`: the directory whose committed numbered children are the versions."""
         super().__init__(name, return_response_headers=True)
-        self.repo, self.poll_seconds = repo, poll_seconds
+        self.base_path, self.poll_seconds = base_path, poll_seconds
         self.request_logger, self.log_payloads = request_logger, log_payloads
         self.current: LoadedVersion | None = None
         self.batcher = DynamicBatcher(self._run_batches, len, max_batch_size, max_wait_seconds,
@@ -83,17 +85,18 @@ class FashionMnistModel(Model):
 
     def load(self) -> bool:
         if not self.refresh():
-            raise FileNotFoundError(f"{self.repo / self.name}: no published version")
+            raise FileNotFoundError(f"{self.base_path}: no published version")
         self.ready = True
         threading.Thread(target=self._watch, name="version-watcher", daemon=True).start()
         return self.ready
 
     def refresh(self) -> bool:
-        """Loads the newest version if it is newer than the one served; True if one is loaded."""
-        latest = model_repository.latest_version(self.repo, self.name)
+        """Loads the newest version if it is newer than the one served; True if one is loaded.
+        A version without its commit marker is still being written, or was abandoned: not seen."""
+        latest = model_repository.latest_committed(self.base_path)
         if latest is not None and (self.current is None or latest > self.current.number):
             # Requests keep using the old version until this one assignment swaps them over.
-            self.current = load_version(self.repo, self.name, latest)
+            self.current = load_version(self.base_path, latest)
             freeze_long_lived_objects()
             MODEL_VERSION.labels(self.name).set(latest)
             logger.info("serving %s version %d", self.name, latest)

@@ -1,12 +1,14 @@
 """The model server: KServe's v1 and v2 protocols for the newest published version of a model.
 
-    python -m serving.server --model-repo REPO --model-name fmnist [--http-port 8080] [--grpc-port 8081]
-        [--max-batch-size 32] [--max-batch-wait-ms 5] [--log-file FILE | --log-url URL]
+    python -m serving.server (--model-repo REPO | --model-base-path DIR) --model-name fmnist
+        [--http-port 8080] [--grpc-port 8081] [--max-batch-size 32] [--max-batch-wait-ms 5]
+        [--log-file FILE | --log-url URL]
 
-Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService.
-Concurrent requests are batched; a newer version published under REPO/<model-name>/ is served
-once loaded; bodies over --max-body-bytes get a 413; /metrics is Prometheus; SIGTERM lets
-in-flight requests finish.
+Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService
+(there with `--model-base-path /mnt/models`, where KServe's storage initializer puts a release).
+The versions are the committed numbered directories under REPO/<model-name>/, or under DIR.
+Concurrent requests are batched; a newer version is served once loaded; bodies over
+--max-body-bytes get a 413; /metrics is Prometheus; SIGTERM lets in-flight requests finish.
 """
 
 from __future__ import annotations
@@ -119,7 +121,11 @@ def without_kserve_timing(app: FastAPI) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="serving.server", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-repo", type=Path, required=True)
+    bases = parser.add_mutually_exclusive_group(required=True)
+    bases.add_argument("--model-repo", type=Path,
+                       help="a model repository: the versions are under REPO/<model-name>/")
+    bases.add_argument("--model-base-path", type=Path,
+                       help="TF Serving's base path: the versions are DIR's numbered children")
     parser.add_argument("--model-name", default="fmnist")
     parser.add_argument("--http-port", type=int, default=8080)
     parser.add_argument("--grpc-port", type=int, default=8081, help="0 turns gRPC off")
@@ -135,6 +141,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def base_path(args: argparse.Namespace) -> Path:
+    """The directory whose committed numbered children are the versions."""
+    return args.model_base_path or args.model_repo / args.model_name
+
+
 def request_logger(args: argparse.Namespace) -> RequestLogger | None:
     if args.log_file:
         return RequestLogger(file_sink(args.log_file))
@@ -145,7 +156,7 @@ def request_logger(args: argparse.Namespace) -> RequestLogger | None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    model = FashionMnistModel(args.model_name, args.model_repo, args.max_batch_size,
+    model = FashionMnistModel(args.model_name, base_path(args), args.max_batch_size,
                               args.max_batch_wait_ms / 1000, args.poll_seconds,
                               request_logger(args), args.log_payloads)
     model.load()

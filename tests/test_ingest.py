@@ -16,6 +16,7 @@ import pytest
 from conftest import run_module
 
 from trainer import fashion_mnist
+from trainer.atomic import COMMIT_MARKER, is_committed
 from trainer.cluster import free_ports
 from trainer.fashion_mnist import FILE_NAMES, DatasetError, write_split
 from trainer.ingest import SourceUnavailable, ingest, ingest_with_fallback
@@ -188,6 +189,29 @@ def test_new_source_replaces_the_earlier_dataset(sample_dir, source_copy, tmp_pa
 
     assert manifest["counts"]["test"] == 3
     assert fashion_mnist.load_split(out, "test").labels.tolist() == [1, 2, 3]
+
+
+def test_data_without_its_marker_is_not_current_and_is_ingested_again(sample_dir, tmp_path, capsys):
+    out = tmp_path / "data"
+    ingest(str(sample_dir), out)
+    assert is_committed(out)
+    (out / COMMIT_MARKER).unlink()  # as a run killed while moving its files in leaves it
+    capsys.readouterr()
+
+    ingest(str(sample_dir), out)
+
+    assert "nothing to do" not in capsys.readouterr().out
+    assert is_committed(out)
+
+
+def test_a_directory_left_by_a_killed_commit_is_replaced(sample_dir, tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    shutil.copyfile(sample_dir / FILE_NAMES[0], out / FILE_NAMES[0])  # no manifest, no marker yet
+
+    manifest = ingest(str(sample_dir), out)
+
+    assert manifest["counts"] == {"train": 500, "test": 100} and is_committed(out)
 
 
 def test_refuses_to_replace_a_directory_that_is_not_a_dataset(sample_dir, tmp_path):

@@ -1,4 +1,5 @@
-"""Selection of the best candidate and atomic publishing of numbered versions."""
+"""Selection of the best candidate, publishing of numbered versions (committed by a marker written
+last) and of their releases."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from conftest import last_line, run_module
 from PIL import Image
 
 from trainer import model_repository
+from trainer.atomic import COMMIT_MARKER, is_committed
 from trainer.select import CandidateError, select_and_publish
 
 
@@ -70,20 +72,70 @@ def test_a_crashed_publisher_staging_directory_is_not_a_version(candidates, data
     assert model_repository.versions(repo, "fmnist") == [1]
 
 
+def test_a_half_written_version_is_not_a_version_and_the_next_publish_numbers_past_it(
+        candidates, data_dir, tmp_path):
+    repo = tmp_path / "models"
+    select_and_publish(candidates, data_dir, repo, "fmnist")
+    crashed = repo / "fmnist" / "2"  # a publisher killed before its marker
+    crashed.mkdir()
+    (crashed / "saved_model.pb").write_bytes(b"partial")
+    assert model_repository.versions(repo, "fmnist") == [1]
+    assert model_repository.latest_version(repo, "fmnist") == 1
+
+    selection = select_and_publish(candidates, data_dir, repo, "fmnist")
+
+    assert selection["version"] == 3
+    assert model_repository.versions(repo, "fmnist") == [1, 3]
+    assert (crashed / "saved_model.pb").read_bytes() == b"partial" and not is_committed(crashed)
+
+
+def test_the_release_is_the_version_alone_under_its_own_number(candidates, data_dir, tmp_path):
+    repo, releases = tmp_path / "models", tmp_path / "releases"
+    (releases / "fmnist" / "4").mkdir(parents=True)  # a release whose version is gone: never reused
+
+    selection = select_and_publish(candidates, data_dir, repo, "fmnist", releases)
+
+    assert selection["version"] == 5
+    release = model_repository.release_dir(releases, "fmnist", 5)
+    assert [p.name for p in release.iterdir()] == ["5"]
+    assert model_repository.committed_versions(release) == [5]
+    version_dir = repo / "fmnist" / "5"
+    files = sorted(str(p.relative_to(version_dir)) for p in version_dir.rglob("*"))
+    assert files == sorted(str(p.relative_to(release / "5")) for p in (release / "5").rglob("*"))
+    assert COMMIT_MARKER in files and "selection.json" in files
+    assert json.loads((release / "5" / "selection.json").read_text())["version"] == 5
+
+
+def test_an_export_without_its_marker_is_rejected(candidates, data_dir, tmp_path):
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(candidates[0], unfinished)
+    (unfinished / COMMIT_MARKER).unlink()
+    with pytest.raises(CandidateError, match="unfinished: not a committed export"):
+        select_and_publish([*candidates, unfinished], data_dir, tmp_path / "models", "fmnist")
+    assert not (tmp_path / "models").exists()
+
+
 def test_a_candidate_that_is_not_a_savedmodel_is_rejected(candidates, data_dir, tmp_path):
     bogus = tmp_path / "bogus"
     bogus.mkdir()
+    (bogus / COMMIT_MARKER).write_text("{}\n")
     with pytest.raises(CandidateError, match="bogus: not a SavedModel"):
         select_and_publish([*candidates, bogus], data_dir, tmp_path / "models", "fmnist")
     assert not (tmp_path / "models").exists()
 
 
-def test_cli_prints_the_table_and_the_version(candidates, data_dir, tmp_path):
+def test_cli_prints_the_table_and_the_version_and_writes_the_version_file(candidates, data_dir,
+                                                                          tmp_path):
+    version_file = tmp_path / "outputs" / "version"
     result = run_module("trainer.select", "--candidates", *candidates, "--data-dir", data_dir,
-                        "--model-repo", tmp_path / "models", "--model-name", "fmnist")
+                        "--model-repo", tmp_path / "models", "--model-name", "fmnist",
+                        "--releases-dir", tmp_path / "releases", "--published-version-file", version_file)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "<- published" in result.stdout
+    assert f"release (a storageUri holding only version 1): {tmp_path / 'releases' / 'fmnist' / '1'}" \
+        in result.stdout
     assert "as version 1:" in last_line(result.stdout)
+    assert version_file.read_text() == "1\n"
 
 
 def test_cli_missing_candidate_is_one_line(data_dir, tmp_path):

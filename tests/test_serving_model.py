@@ -17,7 +17,7 @@ import tensorflow as tf
 from PIL import Image
 from prometheus_client import REGISTRY
 
-from trainer import fashion_mnist
+from trainer import fashion_mnist, model_repository
 
 pytest.importorskip("kserve")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -25,6 +25,7 @@ from kserve import ModelServer  # noqa: E402
 from kserve.model_server import app  # noqa: E402
 from kserve.protocol.rest.server import RESTServer  # noqa: E402
 
+from serving.inputs import Batch  # noqa: E402
 from serving.model import VERSION_HEADER, FashionMnistModel  # noqa: E402
 
 MODEL = "fmnist"
@@ -39,7 +40,7 @@ def png(pixels: np.ndarray) -> bytes:
 @pytest.fixture(scope="module")
 def served(published_repo: Path):
     """The model behind KServe's own REST application, in this process."""
-    model = FashionMnistModel(MODEL, published_repo, max_batch_size=16, max_wait_seconds=0.05,
+    model = FashionMnistModel(MODEL, published_repo / MODEL, max_batch_size=16, max_wait_seconds=0.05,
                               poll_seconds=0.2)
     model.load()
     server = ModelServer(enable_grpc=False)
@@ -177,15 +178,53 @@ def test_the_loaded_model_is_kept_out_of_full_collections(served):
     assert gc.get_freeze_count() > 100_000  # TensorFlow and the model: ~440k objects
 
 
+def served_version(client: TestClient, images) -> str:
+    body = {"instances": [images.images[0][..., 0].tolist()]}
+    response = client.post(f"/v1/models/{MODEL}:predict", json=body)
+    assert response.status_code == 200, response.text
+    return response.headers[VERSION_HEADER]
+
+
+def test_a_half_written_version_is_never_served(served, published_repo, images):
+    model, client = served
+    before = served_version(client, images)
+    number = max(model_repository.numbered_directories(published_repo / MODEL)) + 1
+    half_written = published_repo / MODEL / str(number)  # a publisher killed before its marker
+    shutil.copytree(published_repo / MODEL / before, half_written)
+    (half_written / "COMMITTED").unlink()
+    shutil.rmtree(half_written / "variables")
+
+    assert model.refresh()
+    time.sleep(model.poll_seconds * 5)  # several polls of the watcher
+
+    assert served_version(client, images) == before
+    assert model.current.number == int(before)
+
+
 def test_a_newly_published_version_is_picked_up(served, published_repo, images):
     _, client = served
-    shutil.copytree(published_repo / MODEL / "1", published_repo / MODEL / "2")
-    body = {"instances": [images.images[0][..., 0].tolist()]}
+    version = model_repository.publish(published_repo / MODEL / "1", published_repo, MODEL)
     deadline = time.monotonic() + 30
-    while True:
-        response = client.post(f"/v1/models/{MODEL}:predict", json=body)
-        assert response.status_code == 200, response.text
-        if response.headers[VERSION_HEADER] == "2":
-            break
-        assert time.monotonic() < deadline, "version 2 was not picked up"
+    while served_version(client, images) != str(version):
+        assert time.monotonic() < deadline, f"version {version} was not picked up"
         time.sleep(0.1)
+
+
+def test_a_base_path_of_a_release_serves_its_one_version(published_repo, images, expected, tmp_path):
+    version = model_repository.publish(published_repo / MODEL / "1", tmp_path / "models", MODEL,
+                                       releases=tmp_path / "releases")
+    mnt_models = tmp_path / "mnt-models"  # what KServe's storage initializer makes of the release
+    shutil.copytree(model_repository.release_dir(tmp_path / "releases", MODEL, version), mnt_models)
+    model = FashionMnistModel(MODEL, mnt_models)
+    assert model.refresh() and model.current.number == version
+    batch = Batch(pixels=images.images.astype(np.float32))
+    np.testing.assert_allclose(model.current.predict(batch)["probabilities"], expected["probabilities"],
+                               atol=1e-5)
+
+
+def test_no_committed_version_is_a_clear_error(published_repo, tmp_path):
+    half_written = tmp_path / "base" / "1"
+    shutil.copytree(published_repo / MODEL / "1", half_written)
+    (half_written / "COMMITTED").unlink()
+    with pytest.raises(FileNotFoundError, match="base: no published version"):
+        FashionMnistModel(MODEL, tmp_path / "base").load()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import shutil
 import signal
 import threading
 import time
@@ -12,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from cloudevents.conversion import to_binary
+from cloudevents.http import CloudEvent
 from conftest import run_module
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -20,11 +25,12 @@ from PIL import Image
 from timing_asgi import TimingMiddleware
 
 from serving import client, loadtest
+from serving import logger as logger_module
 from serving import server as server_module
 from serving.client import inference_request
-from serving.process import model_server, start_module, stop
+from serving.process import model_server, running_server, start_module, stop
 from serving.server import LimitAndMeasure, without_kserve_timing
-from trainer import fashion_mnist
+from trainer import fashion_mnist, model_repository
 from trainer.cluster import free_ports
 
 MODEL = "fmnist"
@@ -119,6 +125,14 @@ SERVER_ARGS = ["--model-repo", "runs/models"]
      "argument --max-batch-wait-ms: must be a finite number >= 0, got -1"),
     (server_module, "serving.server", [*SERVER_ARGS, "--max-batch-wait-ms", "inf"],
      "argument --max-batch-wait-ms: must be a finite number >= 0, got inf"),
+    (server_module, "serving.server", ["--model-name", MODEL],
+     "one of the arguments --model-repo --model-base-path is required"),
+    (server_module, "serving.server", [*SERVER_ARGS, "--model-base-path", "/mnt/models"],
+     "argument --model-base-path: not allowed with argument --model-repo"),
+    (logger_module, "serving.logger", ["--port", "1", "--out-dir", "log", "--rotate-seconds", "0"],
+     "argument --rotate-seconds: must be a positive number, got 0"),
+    (logger_module, "serving.logger", ["--port", "1", "--out-dir", "log", "--rotate-bytes", "0"],
+     "argument --rotate-bytes: must be a positive integer, got 0"),
 ])
 def test_bad_arguments_are_one_line_errors(module, prog, args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -226,41 +240,106 @@ def test_a_dead_log_sink_neither_fails_nor_slows_predictions(published_repo, ima
             time.sleep(0.2)
 
 
+def logged_lines(out_dir: Path) -> list[str]:
+    """Every line of the logger's files, oldest file first."""
+    files = sorted(out_dir.glob("events-*.jsonl")) if out_dir.is_dir() else []
+    return [line for path in files for line in path.read_text().splitlines()]
+
+
 def test_the_logger_sink_receives_request_and_response_events(published_repo, image_dir, tmp_path):
     sink_port = free_ports(1)[0]
-    events_file = tmp_path / "events.jsonl"
+    out_dir = tmp_path / "inference-log"
     sink_url = f"http://127.0.0.1:{sink_port}/"
-    with running("serving.logger", "--port", sink_port, "--out", events_file, "--host", "127.0.0.1",
+    with running("serving.logger", "--port", sink_port, "--out-dir", out_dir, "--host", "127.0.0.1",
                  log=tmp_path / "logger.log"), \
             model_server(published_repo, MODEL, tmp_path / "server.log", "--log-url", sink_url) as (url, _):
         path, body = png_body(image_dir)
         for i in range(3):
             requests.post(url + path, json=body, headers={"x-request-id": f"r{i}"}).raise_for_status()
         deadline = time.monotonic() + 15
-        while len(events_file.read_text().splitlines() if events_file.exists() else []) < 6:
+        while len(logged_lines(out_dir)) < 6:
             assert time.monotonic() < deadline, (tmp_path / "logger.log").read_text()
             time.sleep(0.1)
-    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    events = [json.loads(line) for line in logged_lines(out_dir)]
     assert [(e["id"], e["type"].rsplit(".", 1)[1]) for e in events] == [
         (f"r{i}", kind) for i in range(3) for kind in ("request", "response")]
     assert events[1]["data"]["predictions"][0]["class_name"] in fashion_mnist.CLASS_NAMES
 
 
+def wait_for_logger(port: int, log: Path) -> requests.Response:
+    """The answer to a POST of `{}` (not a CloudEvent), once the logger listens."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return requests.post(f"http://127.0.0.1:{port}/", data=b"{}",
+                                 headers={"content-type": "application/json"})
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+
+
 def test_the_logger_sink_rejects_what_is_not_a_cloudevent(tmp_path):
     port = free_ports(1)[0]
-    with running("serving.logger", "--port", port, "--out", tmp_path / "events.jsonl", "--host",
+    with running("serving.logger", "--port", port, "--out-dir", tmp_path / "log", "--host",
                  "127.0.0.1", log=tmp_path / "logger.log"):
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                response = requests.post(f"http://127.0.0.1:{port}/", data=b"{}",
-                                         headers={"content-type": "application/json"})
-                break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+        response = wait_for_logger(port, tmp_path / "logger.log")
     assert response.status_code == 400 and "not a CloudEvent" in response.json()["error"]
-    assert not (tmp_path / "events.jsonl").read_text()
+    assert logged_lines(tmp_path / "log") == []
+
+
+def open_files_under(pid: int, directory: Path) -> list[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    return [target for fd in fds.iterdir()
+            if (target := os.readlink(fd)).startswith(str(directory) + "/")]
+
+
+def post_request_event(port: int, number: int) -> None:
+    event = CloudEvent({"id": f"e{number}", "type": "org.kubeflow.serving.inference.request",
+                        "source": "test"}, {"instances": [number]})
+    headers, body = to_binary(event)
+    requests.post(f"http://127.0.0.1:{port}/", headers=headers, data=body, timeout=10).raise_for_status()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see open files")
+def test_the_logger_closes_a_file_once_it_is_rotate_seconds_old_while_running(tmp_path):
+    port, out_dir, log = free_ports(1)[0], tmp_path / "log", tmp_path / "logger.log"
+    with running("serving.logger", "--port", port, "--out-dir", out_dir, "--host", "127.0.0.1",
+                 "--rotate-seconds", "0.5", log=log) as process:
+        wait_for_logger(port, log)
+        post_request_event(port, 0)
+        assert len(open_files_under(process.pid, out_dir)) == 1  # open until it is old enough
+        time.sleep(1.5)
+        assert open_files_under(process.pid, out_dir) == []
+        post_request_event(port, 1)  # a new file
+        time.sleep(1.5)
+        assert open_files_under(process.pid, out_dir) == []
+        files = sorted(p.name for p in out_dir.iterdir())
+    assert len(files) == 2 and all(re.fullmatch(r"events-\d{8}T\d{6}\.\d{6}Z-\d{6}\.jsonl", f) for f in files)
+    assert [json.loads(line)["id"] for line in logged_lines(out_dir)] == ["e0", "e1"]
+
+
+def test_the_logger_files_rotate_by_size_and_sort_by_time(tmp_path):
+    files = logger_module.RotatingEventFiles(tmp_path, rotate_seconds=3600, rotate_bytes=100)
+    for number in range(10):
+        files.append({"id": number, "padding": "x" * 20})  # 45 bytes a line
+    files.close()
+    names = [p.name for p in tmp_path.iterdir()]
+    assert len(names) == 5 and all((tmp_path / n).stat().st_size <= 100 for n in names)
+    assert [json.loads(line)["id"] for line in logged_lines(tmp_path)] == list(range(10))
+    with pytest.raises(RuntimeError, match="closed"):
+        files.append({"id": 10})
+
+
+def test_the_server_serves_a_release_from_a_base_path(published_repo, image_dir, tmp_path):
+    version = model_repository.publish(published_repo / MODEL / "1", tmp_path / "models", MODEL,
+                                       releases=tmp_path / "releases")
+    mnt_models = tmp_path / "mnt-models"  # as KServe's storage initializer copies the storageUri
+    shutil.copytree(model_repository.release_dir(tmp_path / "releases", MODEL, version), mnt_models)
+    with running_server(["--model-base-path", mnt_models, "--model-name", MODEL], MODEL,
+                        tmp_path / "server.log") as (url, _):
+        path, body = png_body(image_dir)
+        response = requests.post(url + path, json=body)
+    assert response.status_code == 200 and response.headers["x-model-version"] == str(version)
 
 
 def test_sigterm_lets_in_flight_requests_finish(published_repo, image_dir, tmp_path):

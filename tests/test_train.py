@@ -16,6 +16,7 @@ from conftest import last_line, run_module, train_args
 from PIL import Image
 
 from trainer import fashion_mnist
+from trainer.atomic import is_committed
 from trainer.launch import start_workers, stop_workers, wait_for_workers
 
 EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
@@ -46,6 +47,7 @@ def test_two_workers_train_and_the_chief_exports_metrics(two_worker_export: Path
     assert metrics["examples_per_second"] > 0 and metrics["wall_time_seconds"] > 0
     leftovers = [p.name for p in two_worker_export.parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []
+    assert is_committed(two_worker_export)
 
 
 def test_serving_default_classifies_png_bytes_like_the_pixels_signature(two_worker_export,

@@ -4,9 +4,11 @@
 
 SRC is an http(s) base URL (default: the official mirror), a local directory holding the four
 official `.gz` files, or `tfds` (tensorflow-datasets `fashion_mnist`, its data_dir under DATA_DIR).
-The files are fetched into a staging directory beside DATA_DIR, checked, and renamed into place, so
-a failure leaves DATA_DIR as it was. The manifest (source, counts, checksums) is the memoization key
-of the pipeline; a second run on the same source finds it and does nothing.
+The files are fetched into a staging directory beside DATA_DIR and checked, so a failure leaves
+DATA_DIR as it was; then they are moved into DATA_DIR file by file and the commit marker
+(trainer.atomic.COMMIT_MARKER) is written last. No directory is renamed, so DATA_DIR may be on
+object storage mounted with GCS FUSE. The manifest (source, counts, checksums) is the memoization
+key of the pipeline; a second run on the same source finds it, committed, and does nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from trainer import cli
-from trainer.atomic import staged_directory
+from trainer.atomic import COMMIT_MARKER, is_committed, staged_directory
 from trainer.fashion_mnist import (
     FILE_NAMES,
     MANIFEST_NAME,
@@ -41,6 +43,9 @@ OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 TFDS_SOURCE = "tfds"
 DOWNLOAD_TIMEOUT_SECONDS = 30
 TFDS_BATCH_SIZE = 10_000
+TFDS_DIR = "tfds"  # tensorflow-datasets' data_dir, inside the data directory
+# What ingest writes into DATA_DIR: a directory holding nothing else is one of ours to replace.
+INGEST_NAMES = frozenset({*FILE_NAMES, MANIFEST_NAME, COMMIT_MARKER, TFDS_DIR})
 
 
 class SourceUnavailable(Exception):
@@ -95,7 +100,7 @@ def fetch_tfds(staging: Path) -> None:
     log("loading fashion_mnist with tensorflow-datasets")
     for split, tfds_split in (("train", "train"), ("test", "test")):
         try:
-            dataset = tfds.load("fashion_mnist", split=tfds_split, data_dir=str(staging / "tfds"))
+            dataset = tfds.load("fashion_mnist", split=tfds_split, data_dir=str(staging / TFDS_DIR))
             batches = list(tfds.as_numpy(dataset.batch(TFDS_BATCH_SIZE)))
         except Exception as error:  # tfds wraps download failures in many types
             raise SourceUnavailable(f"tensorflow-datasets fashion_mnist: {error}") from None
@@ -113,7 +118,7 @@ def fetch(source: str, staging: Path) -> None:
         fetch_directory(Path(source), staging)
 
 
-# --- checking, the manifest, and the atomic swap ---------------------------------------------
+# --- checking, the manifest, and the commit ----------------------------------------------------
 
 
 def build_manifest(source: str, directory: Path) -> dict:
@@ -133,7 +138,9 @@ def build_manifest(source: str, directory: Path) -> dict:
 
 
 def is_current(out: Path, source: str) -> dict | None:
-    """The manifest of `out` when it already holds intact data from `source`, else None."""
+    """The manifest of `out` when it already holds intact, committed data from `source`, else None."""
+    if not is_committed(out):
+        return None
     try:
         manifest = json.loads((out / MANIFEST_NAME).read_text())
         if manifest["source"] != source:
@@ -147,9 +154,13 @@ def is_current(out: Path, source: str) -> dict | None:
 
 
 def check_replaceable(out: Path) -> None:
+    """`out` may be replaced when it is missing, empty, or a data directory of ours: one with a
+    manifest, or holding only names ingest writes (what a run killed while committing leaves)."""
     if out.exists() and not out.is_dir():
         raise cli.UsageError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
+    if not out.is_dir() or (out / MANIFEST_NAME).exists():
+        return
+    if any(child.name not in INGEST_NAMES for child in out.iterdir()):
         raise cli.UsageError(
             f"{out}: exists, is not empty and holds no {MANIFEST_NAME}; "
             "refusing to replace it (choose another --out)"

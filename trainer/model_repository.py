@@ -1,8 +1,25 @@
-"""The model repository: REPO/<model name>/<version>/, TF Serving's layout (it serves the highest).
+"""The model repository, REPO/<model name>/<version>/ (TF Serving's layout: it serves the highest),
+and releases, RELEASES/<model name>/<N>/<N>/, each one version alone for a cluster to download.
 
-Only directories named by a positive integer are versions. A version is published by copying into
-a hidden staging directory and renaming it into place, so readers never see a partial version and
-a crash at any point leaves the earlier versions as they were.
+A version is a directory named by a positive integer that holds the commit marker
+(trainer.atomic.COMMIT_MARKER). Publishing writes the files straight into the new version's
+directory and the marker last; no directory is renamed, so this works on object storage mounted
+with GCS FUSE. Readers (the server's poller, the local pipeline, selection) see committed versions
+only, so they never see a partial one.
+
+A release is for KServe: its storage initializer copies everything under the InferenceService's
+storageUri into /mnt/models, and a TF-Serving-style server wants a base path whose numbered
+children are versions. A storageUri of RELEASES/<model name>/<N> therefore gives exactly
+/mnt/models/<N>/..., one committed version, for the built-in TF Serving runtime and for our server
+(`--model-base-path /mnt/models`) alike.
+
+Numbering after a crash: a publish killed midway leaves <N>/ (and perhaps its release) without the
+marker. That directory is never served and its number is never reused: the next publish numbers
+past every numbered directory, committed or not, of the repository and of the releases. So no
+publisher writes into a directory that another, slower one may still be writing, and a number
+always means one model (a pod that downloads release N again after a restart gets the same files).
+The abandoned directory stays for a person to look at and delete. A publish that fails with an
+exception in-process removes what it wrote, and its number may then be used again.
 """
 
 from __future__ import annotations
@@ -11,33 +28,91 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from trainer.atomic import staged_directory
+from trainer.atomic import commit, copy_contents, is_committed
+
+# Each attempt loses a race to another publisher that claimed the same number first.
+MAX_CLAIM_ATTEMPTS = 100
 
 
-def versions(repo: Path, model_name: str) -> list[int]:
-    """The published versions, ascending; staging and other directories are not versions."""
-    model_dir = repo / model_name
-    if not model_dir.is_dir():
+def numbered_directories(base: Path) -> list[int]:
+    """Every child directory named by a positive integer, committed or not, ascending."""
+    if not base.is_dir():
         return []
-    return sorted(
-        int(child.name) for child in model_dir.iterdir()
-        if child.is_dir() and child.name.isdigit() and int(child.name) > 0
-    )
+    return sorted(int(child.name) for child in base.iterdir()
+                  if child.name.isdigit() and int(child.name) > 0 and child.is_dir())
 
 
-def latest_version(repo: Path, model_name: str) -> int | None:
-    published = versions(repo, model_name)
+def committed_versions(base: Path) -> list[int]:
+    """The versions under a base path (TF Serving's `model_base_path`): committed numbered
+    children, ascending. Staging, half-written and other directories are not versions."""
+    return [number for number in numbered_directories(base) if is_committed(base / str(number))]
+
+
+def latest_committed(base: Path) -> int | None:
+    published = committed_versions(base)
     return published[-1] if published else None
 
 
+def versions(repo: Path, model_name: str) -> list[int]:
+    """The published versions of `model_name` in `repo`, ascending."""
+    return committed_versions(repo / model_name)
+
+
+def latest_version(repo: Path, model_name: str) -> int | None:
+    return latest_committed(repo / model_name)
+
+
+def release_dir(releases: Path, model_name: str, version: int) -> Path:
+    """The storageUri of a release: it holds one directory, `<version>/`, the version itself."""
+    return releases / model_name / str(version)
+
+
+def claim_version(model_dir: Path, release_model_dir: Path | None) -> int:
+    """Creates the next version's empty directory (and its release's), numbered past every numbered
+    directory of either; mkdir fails on an existing one, so two publishers never share a number."""
+    for _ in range(MAX_CLAIM_ATTEMPTS):
+        taken = numbered_directories(model_dir)
+        if release_model_dir is not None:
+            taken += numbered_directories(release_model_dir)
+        version = max(taken, default=0) + 1
+        try:
+            (model_dir / str(version)).mkdir(parents=True)
+        except FileExistsError:
+            continue
+        if release_model_dir is None:
+            return version
+        try:
+            (release_model_dir / str(version)).mkdir(parents=True)
+            return version
+        except FileExistsError:
+            (model_dir / str(version)).rmdir()
+    raise RuntimeError(f"{model_dir}: no free version number after {MAX_CLAIM_ATTEMPTS} attempts")
+
+
 def publish(source: Path, repo: Path, model_name: str,
-            add_files: Callable[[Path, int], None] = lambda directory, version: None) -> int:
+            add_files: Callable[[Path, int], None] = lambda directory, version: None,
+            releases: Path | None = None) -> int:
     """Publishes a copy of `source` as the next version; `add_files` may add files to it first.
 
+    With `releases`, the version is also published as the release RELEASES/<name>/<N>/<N>/,
+    committed before the repository's version, so that every committed version has its release.
     Returns the new version number.
     """
-    version = (latest_version(repo, model_name) or 0) + 1
-    with staged_directory(repo / model_name / str(version), replace=False) as staging:
-        shutil.copytree(source, staging, dirs_exist_ok=True)
-        add_files(staging, version)
+    release_model_dir = releases / model_name if releases is not None else None
+    version = claim_version(repo / model_name, release_model_dir)
+    version_dir = repo / model_name / str(version)
+    release = release_dir(releases, model_name, version) if releases is not None else None
+    try:
+        copy_contents(source, version_dir)
+        add_files(version_dir, version)
+        if release is not None:
+            copy_contents(version_dir, release / str(version))
+            commit(release / str(version), {"model_name": model_name, "version": version})
+        commit(version_dir, {"model_name": model_name, "version": version})
+    except BaseException:
+        # Never committed, so never read; removed so that the number is free again.
+        shutil.rmtree(version_dir, ignore_errors=True)
+        if release is not None:
+            shutil.rmtree(release, ignore_errors=True)
+        raise
     return version

@@ -143,7 +143,12 @@ def export_model(model: keras.Model, cluster: ClusterSpec, export_dir: Path,
                  write_metrics: Callable[[Path], dict]) -> None:
     """Every worker saves (saving reads synchronised variables collectively); only the chief keeps.
 
-    The chief's export appears whole or not at all, with its metrics inside.
+    The chief's export is staged beside `export_dir`, evaluated, then moved in file by file and
+    committed (trainer.atomic): readers such as trainer.select take it only once its marker is
+    there, and no directory is renamed, so it may be on object storage mounted with GCS FUSE.
+    TensorFlow's own writes rename files only (the SavedModel's variables are saved into a
+    `variables_temp` directory and merged into `variables/` by renaming files, then that directory
+    is deleted; saved_model.pb and checkpoints go through a temporary file renamed over).
     """
     if not cluster.is_chief:
         scratch = Path(tempfile.mkdtemp(prefix="export-worker-"))
