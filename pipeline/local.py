@@ -33,7 +33,7 @@ from pipeline.config import PipelineConfig
 from pipeline.definition import INGEST, SELECT, SERVE, Layout, Step, build_steps, ingest_memo_key
 from serving import client
 from serving.process import running_server
-from trainer import launch, model_repository
+from trainer import atomic, launch, model_repository
 from trainer.fashion_mnist import CLASS_NAMES, FILE_NAMES, DatasetError, load_split, md5_of, read_manifest
 
 POLL_SECONDS = 0.2
@@ -155,6 +155,8 @@ class LocalRun:
         """What the step's outputs hold now, or None when they are missing or damaged."""
         try:
             if step.name == INGEST:
+                if not atomic.is_committed(Path(self.layout.data)):
+                    return None
                 manifest = read_manifest(Path(self.layout.data))
                 if any(md5_of(Path(self.layout.data) / name) != manifest["files"][name]["md5"]
                        for name in FILE_NAMES):
@@ -165,6 +167,8 @@ class LocalRun:
                 selection = self.version_dir(version) / SELECTION_FILE if version else None
                 return digest(selection.read_text()) if selection else None
             export_dir = Path(step.outputs[-1])
+            if not atomic.is_committed(export_dir):  # a crash while it was written
+                return None
             return digest((export_dir / METRICS_FILE).read_text())
         except (OSError, KeyError, ValueError, DatasetError):
             return None
