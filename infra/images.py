@@ -44,6 +44,7 @@ def image_ref(image: str) -> str:
 class LocalImagesArgs:
     cluster_name: str
     cluster: pulumi.Resource  # the images are imported into it once it exists
+    cluster_id: pulumi.Input[str]  # a new cluster has none of the images: they are imported again
 
 
 class LocalImages(pulumi.ComponentResource):
@@ -63,7 +64,7 @@ class LocalImages(pulumi.ComponentResource):
                 f"{name}-{image}",
                 create=f"{build} && {load}",
                 dir=str(REPO_ROOT),
-                triggers=[ref],
+                triggers=[ref, args.cluster_id],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster]),
             ))
         self.images = Images(trainer=refs["trainer"], serving=refs["serving"])

@@ -31,17 +31,18 @@ class K3dCluster(pulumi.ComponentResource):
 
     kubeconfig: pulumi.Output[str]
     provider: k8s.Provider
+    cluster_id: pulumi.Output[str]  # changes whenever the cluster is created anew
 
     def __init__(self, name: str, args: K3dClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:K3dCluster", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         cluster = local.Command(
             f"{name}-cluster",
             create=create_command(args),
             delete=shlex.join(["k3d", "cluster", "delete", args.name]),
-            # Any change to the cluster's shape recreates it: k3d cannot change a running cluster.
+            # Any change to the cluster's shape recreates it: k3d cannot change a running cluster, and
+            # the new one has the old one's name, so the old one must be deleted first.
             triggers=[create_command(args)],
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
         kubeconfig = local.Command(
             f"{name}-kubeconfig",
@@ -51,6 +52,8 @@ class K3dCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster],
                                         additional_secret_outputs=["stdout"]),
         )
+        self.cluster_id = cluster.id
         self.kubeconfig = pulumi.Output.secret(kubeconfig.stdout)
-        self.provider = k8s.Provider(f"{name}-provider", kubeconfig=self.kubeconfig, opts=child)
+        self.provider = k8s.Provider(f"{name}-provider", kubeconfig=self.kubeconfig,
+                                     opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({"kubeconfig": self.kubeconfig})

@@ -1,5 +1,12 @@
-"""Monitoring: kube-prometheus-stack, PodMonitors for the predictor and the training operator, and a
-Grafana dashboard of the system (request rate, latency p50/p99, predictor replicas, TFJob outcomes)."""
+"""Monitoring: kube-prometheus-stack, a PodMonitor for our predictor, a ServiceMonitor for the training
+operator, and a Grafana dashboard of the system (request rate, latency p50/p99, predictor replicas,
+TFJob outcomes).
+
+Each monitor names a port that exists: our server serves /metrics on its HTTP port, which the
+InferenceService names; the training operator's container port 8080 has no name upstream, its
+Service's port does (`monitoring-port`). KServe's TF Serving runtime serves no Prometheus metrics
+unless given a monitoring config, so with runtime `tensorflow` the predictor has no monitor.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +21,16 @@ from pipeline.manifests import PART_OF, PREDICTOR_PORT_NAME
 NAMESPACE = "monitoring"
 CHART_REPOSITORY = "https://prometheus-community.github.io/helm-charts"
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
+# The training operator's Service (manifests/base/service.yaml of kubeflow/trainer v1.9.x).
+TRAINING_OPERATOR_SERVICE_LABELS = {"app": "training-operator"}
+TRAINING_OPERATOR_METRICS_PORT = "monitoring-port"
 # Values: helm.v4.Chart skips Helm hooks, and the chart's admission-webhook certificate jobs are
 # hooks; without them the operator's webhook and TLS would wait for a secret that never comes.
 CHART_VALUES = {
     "prometheusOperator": {"admissionWebhooks": {"enabled": False}, "tls": {"enabled": False}},
-    # Select PodMonitors of every namespace, not only the chart's own.
-    "prometheus": {"prometheusSpec": {"podMonitorSelectorNilUsesHelmValues": False}},
+    # Select PodMonitors and ServiceMonitors of every namespace, not only the chart's own.
+    "prometheus": {"prometheusSpec": {"podMonitorSelectorNilUsesHelmValues": False,
+                                      "serviceMonitorSelectorNilUsesHelmValues": False}},
     "grafana": {"sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard",
                                            "searchNamespace": "ALL"}}},
 }
@@ -51,11 +62,22 @@ def dashboard(namespace: str, model_name: str) -> dict:
     }
 
 
-def pod_monitor(name: str, namespace: str, selector: dict, endpoint: dict) -> dict:
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+def monitor(kind: str, name: str, namespace: str, selector: dict, port: str) -> dict:
+    """A PodMonitor or ServiceMonitor scraping /metrics on the named port."""
+    endpoints = "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind,
             "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
             "spec": {"selector": {"matchLabels": selector},
-                     "podMetricsEndpoints": [{**endpoint, "path": "/metrics"}]}}
+                     endpoints: [{"port": port, "path": "/metrics"}]}}
+
+
+def monitors(namespace: str, model_name: str, runtime: str) -> list[dict]:
+    found = [monitor("ServiceMonitor", "training-operator", TRAINING_OPERATOR_NAMESPACE,
+                     TRAINING_OPERATOR_SERVICE_LABELS, TRAINING_OPERATOR_METRICS_PORT)]
+    if runtime == "custom":
+        found.append(monitor("PodMonitor", "dist-ml-predictor", namespace,
+                             {"serving.kserve.io/inferenceservice": model_name}, PREDICTOR_PORT_NAME))
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +85,9 @@ class MonitoringArgs:
     chart_version: str
     namespace: str  # the system's
     model_name: str
+    runtime: str  # the predictor's: custom or tensorflow
     provider: k8s.Provider
-    depends_on: list[pulumi.Resource]  # the training operator's install
+    depends_on: list[pulumi.Resource]  # the training operator's install, the system's namespace
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -78,18 +101,10 @@ class Monitoring(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace]))
         after_chart = pulumi.ResourceOptions(parent=self, provider=args.provider,
                                              depends_on=[chart, *args.depends_on])
-        monitors = [
-            pod_monitor("dist-ml-predictor", args.namespace,
-                        {"serving.kserve.io/inferenceservice": args.model_name},
-                        {"port": PREDICTOR_PORT_NAME}),
-            # The operator's metrics port (8080) by number: its name was not confirmed offline.
-            pod_monitor("training-operator", TRAINING_OPERATOR_NAMESPACE,
-                        {"control-plane": "kubeflow-training-operator"}, {"targetPort": 8080}),
-        ]
-        for monitor in monitors:
+        for manifest in monitors(args.namespace, args.model_name, args.runtime):
             k8s.apiextensions.CustomResource(
-                f"{name}-{monitor['metadata']['name']}", api_version=monitor["apiVersion"],
-                kind=monitor["kind"], metadata=monitor["metadata"], spec=monitor["spec"], opts=after_chart)
+                f"{name}-{manifest['metadata']['name']}", api_version=manifest["apiVersion"],
+                kind=manifest["kind"], metadata=manifest["metadata"], spec=manifest["spec"], opts=after_chart)
         k8s.core.v1.ConfigMap(
             f"{name}-dashboard",
             metadata={"name": "dist-ml-dashboard", "namespace": NAMESPACE,

@@ -1,5 +1,7 @@
-"""The pipeline on the cluster: its WorkflowTemplate (rendered by pipeline.argo), the memo cache,
-a service account allowed exactly what the steps do, and optionally a Workflow that runs it once."""
+"""The pipeline on the cluster: its WorkflowTemplate (rendered by pipeline.argo), the memo cache in
+Argo's namespace with the controller's right to write it, one service account for the workflow's pods
+(allowed exactly what they do) and one for the TFJob pods (allowed nothing), and optionally a
+Workflow that runs it once."""
 
 from __future__ import annotations
 
@@ -8,22 +10,26 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.accounts import bound_role, service_account
 from infra.awaits import SKIP_AWAIT
 from pipeline import argo
 from pipeline.config import PipelineConfig
-from pipeline.manifests import PART_OF, ClusterTarget
+from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget
+from serving import rollout
 
-ALL_VERBS_ON_OWN_OBJECTS = ["create", "get", "list", "watch", "patch", "delete"]
-# What the steps' pods do: create and watch TFJobs and the InferenceService (resource templates),
-# read their pods and logs, keep the memo (ConfigMaps), and report results (Argo's executor).
-PIPELINE_RULES = [
-    {"apiGroups": ["kubeflow.org"], "resources": ["tfjobs"], "verbs": ALL_VERBS_ON_OWN_OBJECTS},
-    {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"],
-     "verbs": ALL_VERBS_ON_OWN_OBJECTS},
-    {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},
+# What the workflow's pods do with their service account, and nothing more: Argo's emissary executor
+# reports results; train templates create TFJobs and poll them (GET) for their conditions; the serve
+# step creates or replaces the InferenceService and reads its Deployment and pods to see the rollout.
+WORKFLOW_POD_RULES = [
     {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["kubeflow.org"], "resources": ["tfjobs"], "verbs": ["create", "get"]},
+    *({"apiGroups": [group], "resources": [resource], "verbs": [verb]}
+      for group, resource, verb in rollout.API_CALLS),
 ]
+MEMO_CACHE_RULES = [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [argo.MEMO_CACHE_NAME],
+                     "verbs": ["get", "update"]},
+                    # create cannot be limited to a name: the name is not known before the object exists.
+                    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,30 +58,29 @@ class PipelineResources(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: PipelineArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:Pipeline", name, None, opts)
-        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        account = args.config.service_account_name
-        metadata = {"namespace": args.namespace, "labels": PART_OF}
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        workflow_account = args.config.service_account_name
+        identities = [
+            service_account(f"{name}-service-account", workflow_account, args.namespace,
+                            args.service_account_annotations, on_cluster),
+            bound_role(name, workflow_account, args.namespace, WORKFLOW_POD_RULES, args.namespace,
+                       workflow_account, on_cluster),
+            # TFJob pods read and write storage and call no Kubernetes API.
+            service_account(f"{name}-trainer-service-account", TRAINER_SERVICE_ACCOUNT, args.namespace,
+                            args.service_account_annotations, on_cluster),
+        ]
 
-        service_account = k8s.core.v1.ServiceAccount(
-            f"{name}-service-account",
-            metadata={"name": account, **metadata, "annotations": args.service_account_annotations},
-            opts=on_cluster)
-        role = k8s.rbac.v1.Role(f"{name}-role", metadata={"name": account, **metadata},
-                                rules=PIPELINE_RULES, opts=on_cluster)
-        binding = k8s.rbac.v1.RoleBinding(
-            f"{name}-role-binding", metadata={"name": account, **metadata},
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
-            subjects=[{"kind": "ServiceAccount", "name": account, "namespace": args.namespace}],
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[role]))
+        cache = argo.memo_cache()
+        memo_cache = k8s.core.v1.ConfigMap(f"{name}-memoize-cache", metadata=cache["metadata"],
+                                           opts=on_cluster)
+        cache_writer = bound_role(
+            f"{name}-memoize-cache", argo.MEMO_CACHE_NAME, argo.ARGO_NAMESPACE, MEMO_CACHE_RULES,
+            argo.ARGO_NAMESPACE, argo.ARGO_CONTROLLER_ACCOUNT, on_cluster)
 
         objects = pulumi.Output.from_input(args.target).apply(
             lambda target: argo.render_objects(args.config, target))
-        cache = argo.memo_cache()
-        memo_cache = k8s.core.v1.ConfigMap(
-            f"{name}-memoize-cache", metadata={**cache["metadata"], "namespace": args.namespace},
-            opts=on_cluster)
         needs = pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                       depends_on=[*args.depends_on, service_account, binding, memo_cache])
+                                       depends_on=[*args.depends_on, *identities, memo_cache, cache_writer])
         self.workflow_template = custom_resource(
             f"{name}-workflow-template", "WorkflowTemplate", objects["workflowtemplate.yaml"],
             args.namespace, needs)

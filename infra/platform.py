@@ -1,6 +1,6 @@
 """The cluster's platform, each piece pinned by a version and installed from its upstream release:
-the Kubeflow training operator (TFJob), Argo Workflows, cert-manager and KServe (with Knative when
-KServe runs in Knative mode).
+the Kubeflow training operator (TFJob), Argo Workflows, cert-manager and KServe in Standard mode
+(Deployments and HPAs; no Knative).
 
 Charts are helm.v4.Chart, which renders a chart and applies its objects but skips Helm hooks. The
 KServe charts' generator and the templates we read have no hooks, and KServe's docs install them
@@ -15,16 +15,33 @@ import dataclasses
 
 import pulumi
 import pulumi_kubernetes as k8s
+from pulumi_command import local
+
+from pipeline.argo import ARGO_NAMESPACE
+from pipeline.manifests import STANDARD_MODE
 
 TRAINING_OPERATOR = ("https://github.com/kubeflow/trainer.git/manifests/overlays/standalone"
                      "?ref={version}")
 ARGO_INSTALL = "https://github.com/argoproj/argo-workflows/releases/download/{version}/install.yaml"
-ARGO_NAMESPACE = "argo"
 CERT_MANAGER = "https://github.com/cert-manager/cert-manager/releases/download/{version}/cert-manager.yaml"
 KSERVE_CHARTS = "oci://ghcr.io/kserve/charts/{chart}"
 KSERVE_NAMESPACE = "kserve"
-KNATIVE_SERVING = "https://github.com/knative/serving/releases/download/knative-{version}/{file}"
-KNATIVE_KOURIER = "https://github.com/knative/net-kourier/releases/download/knative-{version}/kourier.yaml"
+# KServe's chart creates a cert-manager Certificate for its webhooks: cert-manager's own webhook must
+# answer first, and it answers only once cainjector has written its CA into the webhook configuration.
+# Applying cert-manager's YAML does not wait for that, so this does (bounded), with kubectl.
+CERT_MANAGER_READY = """set -eu
+config=$(mktemp); trap 'rm -f "$config"' EXIT
+printf '%s' "$KUBECONFIG_CONTENT" > "$config"; export KUBECONFIG="$config"
+kubectl wait --for=condition=Available --timeout=300s --namespace cert-manager deployment --all
+for attempt in $(seq 60); do
+  ca=$(kubectl get validatingwebhookconfiguration cert-manager-webhook \
+       -o jsonpath='{.webhooks[0].clientConfig.caBundle}')
+  if [ -n "$ca" ]; then exit 0; fi
+  sleep 5
+done
+echo "cert-manager's webhook has no CA bundle after 5 minutes" >&2
+exit 1
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,14 +50,13 @@ class PlatformArgs:
     argo_version: str
     cert_manager_version: str
     kserve_version: str
-    kserve_deployment_mode: str  # Standard or Knative
-    knative_version: str
     provider: k8s.Provider
     kubeconfig: pulumi.Input[str]  # Argo's objects need a provider whose default namespace is argo
 
 
 class Platform(pulumi.ComponentResource):
-    """Installs the platform; `ready` is what custom resources of its kinds must depend on."""
+    """Installs the platform; `ready` is what custom resources of its kinds, and objects in its
+    namespaces (argo), must depend on."""
 
     ready: list[pulumi.Resource]
 
@@ -70,22 +86,24 @@ class Platform(pulumi.ComponentResource):
             file=CERT_MANAGER.format(version=args.cert_manager_version),
             opts=on_cluster,
         )
-        kserve_needs = [cert_manager]
-        if args.kserve_deployment_mode == "Knative":
-            kserve_needs.append(self._knative(name, args, on_cluster))
+        cert_manager_ready = local.Command(
+            f"{name}-cert-manager-ready", create=CERT_MANAGER_READY,
+            environment={"KUBECONFIG_CONTENT": args.kubeconfig},
+            triggers=[args.cert_manager_version],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cert_manager]))
 
         kserve_namespace = k8s.core.v1.Namespace(
             f"{name}-kserve-namespace", metadata={"name": KSERVE_NAMESPACE}, opts=on_cluster)
         kserve_crds = self._kserve_chart(name, "kserve-crd", args, {}, [kserve_namespace])
         kserve = self._kserve_chart(
             name, "kserve-resources", args,
-            {"kserve": {"controller": {"deploymentMode": args.kserve_deployment_mode}}},
-            [kserve_crds, *kserve_needs])
-        # The ClusterServingRuntimes (TF Serving among them), after KServe's webhooks are up.
+            {"kserve": {"controller": {"deploymentMode": STANDARD_MODE}}},
+            [kserve_crds, cert_manager_ready])
+        # The ClusterServingRuntimes (TF Serving among them; off by default), after KServe's webhooks.
         runtimes = self._kserve_chart(name, "kserve-runtime-configs", args,
                                       {"kserve": {"servingruntime": {"enabled": True}}}, [kserve])
 
-        self.ready = [training_operator, argo, kserve, runtimes]
+        self.ready = [training_operator, argo_namespace, argo, kserve, runtimes]
         self.register_outputs({})
 
     def _kserve_chart(self, name: str, chart: str, args: PlatformArgs, values: dict,
@@ -98,22 +116,3 @@ class Platform(pulumi.ComponentResource):
             values=values,
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=depends_on),
         )
-
-    def _knative(self, name: str, args: PlatformArgs, on_cluster: pulumi.ResourceOptions) -> pulumi.Resource:
-        """Knative Serving with Kourier as its ingress: what KServe's Knative mode runs on."""
-        crds = k8s.yaml.v2.ConfigFile(
-            f"{name}-knative-crds",
-            file=KNATIVE_SERVING.format(version=args.knative_version, file="serving-crds.yaml"),
-            opts=on_cluster)
-        core = k8s.yaml.v2.ConfigFile(
-            f"{name}-knative-core",
-            file=KNATIVE_SERVING.format(version=args.knative_version, file="serving-core.yaml"),
-            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[crds])))
-        kourier = k8s.yaml.v2.ConfigFile(
-            f"{name}-knative-kourier", file=KNATIVE_KOURIER.format(version=args.knative_version),
-            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[core])))
-        return k8s.core.v1.ConfigMapPatch(
-            f"{name}-knative-network",
-            metadata={"name": "config-network", "namespace": "knative-serving"},
-            data={"ingress-class": "kourier.ingress.networking.knative.dev"},
-            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[kourier])))

@@ -1,26 +1,33 @@
 """Policies over the Kubernetes objects a stack declares, as plain functions of the rendered objects
 (each returns its violations), so that a CrossGuard policy pack can call them later.
 
-Pods hide in many places: Deployments, TFJob replica templates, Argo container templates, the
-TFJob and InferenceService manifests inside Argo resource templates, InferenceService predictors.
+Pods hide in many places: Deployments, TFJob replica templates, Argo container templates, the TFJob
+manifests inside Argo resource templates, the InferenceService the serve step rolls out, predictors.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterator, Sequence
 
 import yaml
+
+from pipeline.argo import ROLLOUT_MANIFEST_FLAG
 
 PRIVILEGED_ROLES = ("cluster-admin",)
 
 
 def _walk(node: Any, where: str) -> Iterator[tuple[str, dict]]:
-    """Every mapping under `node` with its path, descending into Argo's embedded manifests."""
+    """Every mapping under `node` with its path, descending into Argo's embedded manifests (resource
+    templates' and the serve step's)."""
     if isinstance(node, dict):
         yield where, node
         for key, value in node.items():
             if key == "manifest" and isinstance(value, str):
                 yield from _walk(yaml.safe_load(value), f"{where}.manifest")
+            elif key == "args" and isinstance(value, list) and ROLLOUT_MANIFEST_FLAG in value:
+                manifest = value[value.index(ROLLOUT_MANIFEST_FLAG) + 1]
+                yield from _walk(json.loads(manifest), f"{where}.args.manifest")
             else:
                 yield from _walk(value, f"{where}.{key}")
     elif isinstance(node, list):

@@ -47,6 +47,7 @@ class Declared:
     custom: bool
     # Names of the resources it waits for: named in depends_on, or whose outputs its inputs use.
     depends_on: frozenset[str] = frozenset()
+    delete_before_replace: bool = False
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -74,10 +75,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def __init__(self) -> None:
         self.declared: list[Declared] = []
         self.dependencies: dict[tuple[str, str], frozenset[str]] = {}  # (type, name) -> names
+        self.deleted_before_replaced: set[tuple[str, str]] = set()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         depends_on = self.dependencies.get((args.typ, args.name), frozenset())
-        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom), depends_on))
+        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom), depends_on,
+                                      (args.typ, args.name) in self.deleted_before_replaced))
         state = dict(args.inputs)
         if args.typ == "command:local:Command":
             state["stdout"] = command_output(args.inputs)
@@ -108,6 +111,8 @@ class RecordingMonitor(MockMonitor):
     def RegisterResource(self, request):  # noqa: N802 - the engine's RPC name
         self.recording.dependencies[(request.type, request.name)] = frozenset(
             urn.rpartition("::")[2] for urn in request.dependencies)
+        if request.deleteBeforeReplace:
+            self.recording.deleted_before_replaced.add((request.type, request.name))
         return super().RegisterResource(request)
 
 

@@ -1,5 +1,10 @@
-"""Serving on the cluster: the InferenceService of the published model (rendered by
-pipeline.manifests, as the pipeline's serve step applies it) and the sink of its request logger."""
+"""Serving on the cluster: what the InferenceService needs before a run rolls it out — the predictor's
+service account, and the sink of its request logger (a Deployment and Service of `serving.logger`).
+
+The InferenceService itself belongs to the pipeline: its serve step (pipeline.argo) creates it with
+the version the run published, so Pulumi never declares one that points at no model or at an older
+version than the one serving.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,15 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.awaits import SKIP_AWAIT
-from pipeline.config import PipelineConfig, Resources
+from infra.accounts import service_account
+from pipeline.config import Resources
 from pipeline.definition import CLUSTER_STORAGE_ROOT
-from pipeline.manifests import ISVC_API_VERSION, PART_OF, ClusterTarget, inference_service, storage_mount
+from pipeline.manifests import PART_OF, PREDICTOR_SERVICE_ACCOUNT, ClusterTarget, storage_mount
 
 LOGGER_NAME = "dist-ml-logger"
+LOGGER_SERVICE_ACCOUNT = LOGGER_NAME
 LOGGER_PORT = 8080
-LOGGER_OUT = f"{CLUSTER_STORAGE_ROOT}/inference-log/events.jsonl"
+LOGGER_OUT_DIR = f"{CLUSTER_STORAGE_ROOT}/inference-log"
 LOGGER_RESOURCES = Resources(requests={"cpu": "50m", "memory": "128Mi"},
                              limits={"cpu": "250m", "memory": "256Mi"})
 
@@ -26,19 +32,16 @@ def logger_url(namespace: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ServingArgs:
-    config: PipelineConfig
     target: pulumi.Input[ClusterTarget]  # its logger_url should be logger_url(namespace)
     namespace: str
     provider: k8s.Provider
     depends_on: list[pulumi.Resource]
-    # The predictor's own service account, created here when set (target.predictor_service_account).
-    predictor_service_account: str | None = None
-    predictor_service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(
-        default_factory=dict)
+    # What lets the predictor and the logger use the storage (e.g. a Workload Identity binding).
+    service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
 
 
-def logger_deployment_spec(config: PipelineConfig, target: ClusterTarget, labels: dict) -> dict:
-    """One replica of `serving.logger`, appending to the storage volume as the pipeline's account."""
+def logger_deployment_spec(target: ClusterTarget, labels: dict) -> dict:
+    """One replica of `serving.logger`, writing closed, rotated files to the storage volume."""
     metadata: dict = {"labels": labels}
     if target.storage.pod_annotations:
         metadata["annotations"] = dict(target.storage.pod_annotations)
@@ -48,14 +51,14 @@ def logger_deployment_spec(config: PipelineConfig, target: ClusterTarget, labels
         "template": {
             "metadata": metadata,
             "spec": {
-                "serviceAccountName": config.service_account_name,
+                "serviceAccountName": LOGGER_SERVICE_ACCOUNT,
                 "containers": [{
                     "name": "logger",
                     "image": target.images.serving,
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["python", "-m", "serving.logger", "--host", "0.0.0.0",
-                                "--port", str(LOGGER_PORT), "--out", LOGGER_OUT],
-                    "ports": [{"containerPort": LOGGER_PORT, "protocol": "TCP"}],
+                                "--port", str(LOGGER_PORT), "--out-dir", LOGGER_OUT_DIR],
+                    "ports": [{"name": "http", "containerPort": LOGGER_PORT, "protocol": "TCP"}],
                     "volumeMounts": [storage_mount()],
                     "resources": LOGGER_RESOURCES.as_manifest(),
                 }],
@@ -66,39 +69,25 @@ def logger_deployment_spec(config: PipelineConfig, target: ClusterTarget, labels
 
 
 class Serving(pulumi.ComponentResource):
-    inference_service: k8s.apiextensions.CustomResource
-
     def __init__(self, name: str, args: ServingArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:Serving", name, None, opts)
-        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
         labels = {"app.kubernetes.io/name": LOGGER_NAME, **PART_OF}
+        service_account(f"{name}-predictor-service-account", PREDICTOR_SERVICE_ACCOUNT, args.namespace,
+                        args.service_account_annotations, on_cluster)
+        logger_account = service_account(f"{name}-logger-service-account", LOGGER_SERVICE_ACCOUNT,
+                                         args.namespace, args.service_account_annotations, on_cluster)
         target = pulumi.Output.from_input(args.target)
         logger = k8s.apps.v1.Deployment(
             f"{name}-logger",
             metadata={"name": LOGGER_NAME, "namespace": args.namespace, "labels": labels},
-            spec=target.apply(lambda t: logger_deployment_spec(args.config, t, labels)),
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on))
+            spec=target.apply(lambda t: logger_deployment_spec(t, labels)),
+            opts=pulumi.ResourceOptions.merge(on_cluster,
+                                              pulumi.ResourceOptions(depends_on=[logger_account])))
         k8s.core.v1.Service(
             f"{name}-logger-service",
             metadata={"name": LOGGER_NAME, "namespace": args.namespace, "labels": labels},
             spec={"selector": labels,
-                  "ports": [{"name": "http", "port": 80, "targetPort": LOGGER_PORT, "protocol": "TCP"}]},
+                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]},
             opts=on_cluster)
-
-        needs = [*args.depends_on, logger]
-        if args.predictor_service_account:
-            needs.append(k8s.core.v1.ServiceAccount(
-                f"{name}-predictor-service-account",
-                metadata={"name": args.predictor_service_account, "namespace": args.namespace,
-                          "labels": PART_OF, "annotations": args.predictor_service_account_annotations},
-                opts=on_cluster))
-        manifest = target.apply(lambda t: inference_service(args.config, t))
-        self.inference_service = k8s.apiextensions.CustomResource(
-            f"{name}-inference-service",
-            api_version=ISVC_API_VERSION, kind="InferenceService",
-            metadata=manifest["metadata"].apply(lambda metadata: {
-                **metadata, "namespace": args.namespace,
-                "annotations": {**metadata.get("annotations", {}), **SKIP_AWAIT}}),
-            spec=manifest["spec"],
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=needs))
-        self.register_outputs({"inferenceService": self.inference_service.metadata["name"]})
+        self.register_outputs({"logger": logger.metadata["name"]})

@@ -18,6 +18,7 @@ class PvcStorageArgs:
     access_mode: str
     storage_class: str
     provider: k8s.Provider
+    depends_on: list[pulumi.Resource]  # its namespace
 
 
 class PvcStorage(pulumi.ComponentResource):
@@ -31,7 +32,7 @@ class PvcStorage(pulumi.ComponentResource):
                       "annotations": SKIP_AWAIT},
             spec={"accessModes": [args.access_mode], "storageClassName": args.storage_class,
                   "resources": {"requests": {"storage": args.size}}},
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on),
         )
         self.storage = pvc_storage(STORAGE_CLAIM_NAME)
         self.register_outputs({"claim": self.claim.metadata["name"], "uri": self.storage.uri})

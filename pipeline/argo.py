@@ -4,12 +4,18 @@ ConfigMap that holds ingest's memo.
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
 
 Each training step is a resource template that creates a TFJob and waits on its replica counts
-(Argo cannot query the conditions array); serve applies the InferenceService and waits until the
-model is up to date. `render_objects` is what the Pulumi programs declare.
+(Argo cannot query the conditions array). Select publishes the next version and outputs its number;
+serve rolls the InferenceService out to that version (`serving.rollout`) and succeeds only once every
+predictor replica serves it. `render_objects` is what the Pulumi programs declare; the workflow, not
+Pulumi, owns the InferenceService, because only a run knows which version it serves.
+
+Argo's controller keeps the memo cache in its own namespace (argoproj/argo-workflows#10012), so the
+cache ConfigMap goes there, and the controller needs a Role there to write it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -42,6 +48,14 @@ ENTRYPOINT = "pipeline"
 API_VERSION = "argoproj.io/v1alpha1"
 SUPPORTED_ARGO_VERSION = re.compile(r"^v[34]\.[0-9]+\.[0-9]+$")
 MAIN_CONTAINER = "main"
+# Argo's install: the controller's namespace and service account (manifests/cluster-install).
+ARGO_NAMESPACE = "argo"
+ARGO_CONTROLLER_ACCOUNT = "argo"
+VERSION_PARAMETER = "version"
+PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo reads it as an output
+ROLLOUT_MODULE = "serving.rollout"
+ROLLOUT_TIMEOUT_SECONDS = 900
+ROLLOUT_MANIFEST_FLAG = "--manifest"
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -80,9 +94,13 @@ def ingest_template(config: PipelineConfig, step: Step, images: Images, argo_ver
     }
 
 
-def container_template(step: Step, images: Images) -> dict:
-    return {"name": step.name, "retryStrategy": retry_strategy(step),
-            "container": container(step, MAIN_CONTAINER, images)}
+def select_template(step: Step, images: Images) -> dict:
+    """Select, and the number of the version it published as an output."""
+    main = container(step, MAIN_CONTAINER, images)
+    main["command"] = [*main["command"], "--published-version-file", PUBLISHED_VERSION_FILE]
+    return {"name": step.name, "retryStrategy": retry_strategy(step), "container": main,
+            "outputs": {"parameters": [
+                {"name": VERSION_PARAMETER, "valueFrom": {"path": PUBLISHED_VERSION_FILE}}]}}
 
 
 def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
@@ -98,16 +116,29 @@ def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
     }
 
 
-def serve_template(config: PipelineConfig, target: ClusterTarget) -> dict:
+def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
+    """Rolls the InferenceService out to the version select published, waiting a bounded time."""
+    manifest = inference_service(config, target, f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}")
     return {
-        "name": SERVE,
-        "resource": {
-            "action": "apply",
-            "successCondition": "status.modelStatus.transitionStatus = UpToDate",
-            "failureCondition": "status.modelStatus.transitionStatus = BlockedByFailedLoad",
-            "manifest": to_yaml(inference_service(config, target)),
+        "name": step.name,
+        "inputs": {"parameters": [{"name": VERSION_PARAMETER}]},
+        "retryStrategy": retry_strategy(step),
+        "activeDeadlineSeconds": ROLLOUT_TIMEOUT_SECONDS * 2,  # a backstop: the step's own wait is bounded
+        "container": {
+            "name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
+            "command": ["python", "-m", ROLLOUT_MODULE],
+            "args": ["--namespace", "{{workflow.namespace}}",
+                     "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
+                     ROLLOUT_MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)],
+            "resources": config.step_resources.as_manifest(),
         },
     }
+
+
+def rollout_manifest(template: dict) -> dict:
+    """The InferenceService a serve template rolls out (its placeholders left as they are)."""
+    args = template["container"]["args"]
+    return json.loads(args[args.index(ROLLOUT_MANIFEST_FLAG) + 1])
 
 
 def dag(steps: list[Step]) -> dict:
@@ -116,6 +147,9 @@ def dag(steps: list[Step]) -> dict:
         task = {"name": step.name, "template": step.name}
         if step.depends:
             task["depends"] = " && ".join(step.depends)
+        if step.name == SERVE:
+            version = f"{{{{tasks.{SELECT}.outputs.parameters.{VERSION_PARAMETER}}}}}"
+            task["arguments"] = {"parameters": [{"name": VERSION_PARAMETER, "value": version}]}
         tasks.append(task)
     return {"name": ENTRYPOINT, "dag": {"tasks": tasks}}
 
@@ -127,9 +161,9 @@ def workflow_template(config: PipelineConfig, target: ClusterTarget = ClusterTar
         if step.name == INGEST:
             templates.append(ingest_template(config, step, target.images, target.argo_version))
         elif step.name == SELECT:
-            templates.append(container_template(step, target.images))
+            templates.append(select_template(step, target.images))
         elif step.name == SERVE:
-            templates.append(serve_template(config, target))
+            templates.append(serve_template(config, step, target))
         else:
             templates.append(train_template(config, step, target))
     spec: dict = {
@@ -156,9 +190,11 @@ def workflow() -> dict:
 
 
 def memo_cache() -> dict:
-    """The ConfigMap Argo keeps memoized outputs in; Argo only uses one labelled as a cache."""
+    """The ConfigMap Argo keeps memoized outputs in, in the controller's namespace; Argo refuses
+    one that is not labelled as a cache."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": MEMO_CACHE_NAME, "labels": {MEMO_CACHE_LABEL: "Cache", **PART_OF}}}
+            "metadata": {"name": MEMO_CACHE_NAME, "namespace": ARGO_NAMESPACE,
+                         "labels": {MEMO_CACHE_LABEL: "Cache", **PART_OF}}}
 
 
 def render_objects(config: PipelineConfig, target: ClusterTarget = ClusterTarget()) -> dict[str, dict]:

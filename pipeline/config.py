@@ -20,7 +20,9 @@ from trainer.variants import VARIANTS
 
 SECTIONS = ("pipeline", "serving")
 RUNTIMES = ("custom", "tensorflow")
-SCALE_METRICS = ("cpu", "memory", "concurrency", "rps")
+# What KServe's Standard mode scales on (HPA); concurrency and rps need Knative, which the stacks
+# do not install.
+SCALE_METRICS = ("cpu", "memory")
 RESOURCE_NAMES = ("cpu", "memory")
 # Kubernetes quantities as users write them: 500m, 1, 1.5, 2Gi, 512Mi.
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
@@ -60,8 +62,6 @@ class ServingConfig:
     max_replicas: int = 3
     scale_metric: str = "cpu"
     scale_target: int = 80
-    # The original designs' target: one request in flight per replica.
-    container_concurrency: int = 1
     max_batch_size: int = 32
     max_batch_wait_ms: float = 5.0
     http_port: int = 8080
@@ -184,7 +184,7 @@ SERVING_KEYS = {
     "runtime": "custom or tensorflow", "runtimeVersion": "TF Serving image tag",
     "minReplicas": "fewest predictor replicas", "maxReplicas": "most predictor replicas",
     "scaleMetric": "autoscaling metric", "scaleTarget": "autoscaling target per replica",
-    "containerConcurrency": "requests in flight per replica", "maxBatchSize": "dynamic batch limit",
+    "maxBatchSize": "dynamic batch limit",
     "maxBatchWaitMs": "dynamic batch wait", "httpPort": "the local server's port",
     "resources": "predictor requests and limits",
 }
@@ -214,7 +214,6 @@ def _serving(raw: Any) -> ServingConfig:
         max_replicas=section.integer("maxReplicas", defaults.max_replicas, 1),
         scale_metric=section.text("scaleMetric", defaults.scale_metric, allowed=SCALE_METRICS),
         scale_target=section.integer("scaleTarget", defaults.scale_target, 1),
-        container_concurrency=section.integer("containerConcurrency", defaults.container_concurrency, 0),
         max_batch_size=section.integer("maxBatchSize", defaults.max_batch_size, 1),
         max_batch_wait_ms=section.number("maxBatchWaitMs", defaults.max_batch_wait_ms, 0),
         http_port=section.integer("httpPort", defaults.http_port, 1),

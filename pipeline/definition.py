@@ -86,12 +86,16 @@ def ingest_memo_key(config: PipelineConfig) -> str:
     return "ingest-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
+def serving_flags(config: PipelineConfig) -> list[str]:
+    """The flags of `serving.server` for this config, other than where the model is."""
+    serving = config.serving
+    return ["--model-name", config.model_name, "--max-batch-size", str(serving.max_batch_size),
+            "--max-batch-wait-ms", f"{serving.max_batch_wait_ms:g}"]
+
+
 def serve_args(config: PipelineConfig, model_repo: str) -> list[str]:
     """The flags of `serving.server` for this config, serving from `model_repo`."""
-    serving = config.serving
-    return ["--model-repo", model_repo, "--model-name", config.model_name,
-            "--max-batch-size", str(serving.max_batch_size),
-            "--max-batch-wait-ms", f"{serving.max_batch_wait_ms:g}"]
+    return ["--model-repo", model_repo, *serving_flags(config)]
 
 
 def ingest_step(config: PipelineConfig, layout: Layout) -> Step:

@@ -14,8 +14,9 @@ from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
     SERVING_IMAGE,
     TRAINER_IMAGE,
+    Layout,
     Step,
-    serve_args,
+    serving_flags,
 )
 
 DEFAULT_ARGO_VERSION = "v4.1.2"
@@ -28,10 +29,26 @@ TFJOB_CONTAINER = "tensorflow"  # the training operator requires this name
 KSERVE_CONTAINER = "kserve-container"
 KSERVE_MODEL_DIR = "/mnt/models"  # where KServe puts what storageUri points at
 SERVING_HTTP_PORT = 8080  # KServe routes to this port of the predictor
-PREDICTOR_PORT_NAME = "http1"  # KServe's name for it; also where Prometheus scrapes /metrics
+# The HTTP port's name in the InferenceService: KServe names the predictor's Service port after it
+# (Standard mode), and Prometheus scrapes /metrics there.
+PREDICTOR_PORT_NAME = "http1"
 PART_OF = {"app.kubernetes.io/part-of": "dist-ml"}
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+STANDARD_MODE = "Standard"  # Deployments and HPAs; the stacks install no Knative
+# KServe v0.20's TF Serving runtime defaults to 2.6.2, years older than the TensorFlow that exports
+# our SavedModel; serving should be no older than the exporter (TensorFlow 2.21).
+TF_SERVING_VERSION = "2.20.0"
 GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+# The user the trainer and serving images run as (their Dockerfiles' USER).
+IMAGE_USER = 1000
+# GCS FUSE mounts as root unless told otherwise: the images' user must own what it writes, and
+# directories need no placeholder objects to be listed.
+GCS_FUSE_MOUNT_OPTIONS = f"implicit-dirs,uid={IMAGE_USER},gid={IMAGE_USER},file-mode=664,dir-mode=775"
+MODEL_VERSION_ANNOTATION = "dist-ml/model-version"
+# One identity per actor, so that each holds only its own rights: the workflow's pods have the
+# pipeline's service account (config), TFJob pods, the predictor and the request logger these.
+TRAINER_SERVICE_ACCOUNT = "dist-ml-trainer"
+PREDICTOR_SERVICE_ACCOUNT = "dist-ml-predictor"
 ISVC_API_VERSION = "serving.kserve.io/v1beta1"
 
 
@@ -51,9 +68,6 @@ class ClusterStorage:
     uri: str  # pvc://CLAIM or gs://BUCKET: the volume's root as a KServe storageUri
     pod_annotations: dict = dataclasses.field(default_factory=dict)  # what pods mounting it need
 
-    def model_uri(self, *parts: str) -> str:
-        return posixpath.join(self.uri, *parts)
-
     def volume(self) -> dict:
         return {"name": STORAGE_VOLUME, **self.volume_source}
 
@@ -67,7 +81,7 @@ def gcs_storage(bucket: str) -> ClusterStorage:
     pods annotated for it; the pod's service account needs access through Workload Identity."""
     return ClusterStorage(
         {"csi": {"driver": GCS_FUSE_DRIVER,
-                 "volumeAttributes": {"bucketName": bucket, "mountOptions": "implicit-dirs"}}},
+                 "volumeAttributes": {"bucketName": bucket, "mountOptions": GCS_FUSE_MOUNT_OPTIONS}}},
         f"gs://{bucket}", pod_annotations={"gke-gcsfuse/volumes": "true"})
 
 
@@ -77,8 +91,6 @@ class ClusterTarget:
     images: Images = Images()
     storage: ClusterStorage = dataclasses.field(default_factory=pvc_storage)
     argo_version: str = DEFAULT_ARGO_VERSION
-    kserve_deployment_mode: str | None = None  # None: the KServe installation's default
-    predictor_service_account: str | None = None
     logger_url: str | None = None  # where the predictor's KServe logger posts CloudEvents
     # Where TFJob pods run: the training node pool's labels and taints, and its GPUs per node.
     training_tolerations: tuple[dict, ...] = ()  # e.g. a GPU pool's taint
@@ -108,7 +120,7 @@ def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labe
     if target.storage.pod_annotations:
         metadata["annotations"] = dict(target.storage.pod_annotations)
     spec: dict = {
-        "serviceAccountName": config.service_account_name,
+        "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
         "containers": [container(step, TFJOB_CONTAINER, target.images, target.training_gpus)],
         "volumes": [target.storage.volume()],
     }
@@ -143,45 +155,50 @@ def tfjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: str |
     }
 
 
-def inference_service(config: PipelineConfig, target: ClusterTarget) -> dict:
-    """The InferenceService of the model repository, with KServe's TF Serving or our server."""
-    serving, storage = config.serving, target.storage
+def release_uri(storage: ClusterStorage, model_name: str, version: str) -> str:
+    """Where select released one published version for serving (trainer.model_repository.release_dir,
+    as a URI): a directory holding only `<version>/`, TF Serving's layout, so KServe gives the
+    predictor that version and no other."""
+    return posixpath.join(Layout(storage.uri).releases, model_name, version)
+
+
+def inference_service(config: PipelineConfig, target: ClusterTarget, version: str) -> dict:
+    """The InferenceService serving one published `version` (a number, or Argo's placeholder for it),
+    with KServe's TF Serving or our server. A new version changes the predictor's pods, so every
+    replica rolls to it."""
+    serving = config.serving
     resources = serving.resources.as_manifest()
+    storage_uri = release_uri(target.storage, config.model_name, version)
     predictor: dict = {
         "minReplicas": serving.min_replicas,
         "maxReplicas": serving.max_replicas,
         "scaleMetric": serving.scale_metric,
         "scaleTarget": serving.scale_target,
-        "containerConcurrency": serving.container_concurrency,
+        "serviceAccountName": PREDICTOR_SERVICE_ACCOUNT,
     }
-    if target.predictor_service_account:
-        predictor["serviceAccountName"] = target.predictor_service_account
     if target.logger_url:
         predictor["logger"] = {"mode": "all", "url": target.logger_url}
     if serving.runtime == "tensorflow":
-        # TF Serving serves the highest numbered version under storageUri, as our server does.
-        model = {"modelFormat": {"name": "tensorflow"},
-                 "storageUri": storage.model_uri("models", config.model_name), "resources": resources}
-        if serving.runtime_version:
-            model["runtimeVersion"] = serving.runtime_version
+        model = {"modelFormat": {"name": "tensorflow"}, "storageUri": storage_uri,
+                 "runtimeVersion": serving.runtime_version or TF_SERVING_VERSION, "resources": resources}
         predictor["model"] = model
     else:
         predictor["containers"] = [{
             "name": KSERVE_CONTAINER,
             "image": target.images.serving,
             "imagePullPolicy": "IfNotPresent",
-            "args": [*serve_args(config, KSERVE_MODEL_DIR), "--http-port", str(SERVING_HTTP_PORT)],
+            "args": ["--model-base-path", KSERVE_MODEL_DIR, *serving_flags(config),
+                     "--http-port", str(SERVING_HTTP_PORT)],
             # A custom container gets its model through the storage initializer, as built-in ones do.
-            "env": [{"name": "STORAGE_URI", "value": storage.model_uri("models")}],
+            "env": [{"name": "STORAGE_URI", "value": storage_uri}],
             "ports": [{"name": PREDICTOR_PORT_NAME, "containerPort": SERVING_HTTP_PORT, "protocol": "TCP"}],
             "resources": resources,
         }]
-    metadata: dict = {"name": config.model_name, "labels": dict(PART_OF)}
-    if target.kserve_deployment_mode:
-        metadata["annotations"] = {DEPLOYMENT_MODE_ANNOTATION: target.kserve_deployment_mode}
     return {
         "apiVersion": ISVC_API_VERSION,
         "kind": "InferenceService",
-        "metadata": metadata,
+        "metadata": {"name": config.model_name, "labels": dict(PART_OF),
+                     "annotations": {DEPLOYMENT_MODE_ANNOTATION: STANDARD_MODE,
+                                     MODEL_VERSION_ANNOTATION: version}},
         "spec": {"predictor": predictor},
     }

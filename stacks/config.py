@@ -18,7 +18,6 @@ from pipeline.manifests import DEFAULT_ARGO_VERSION
 
 PROJECT = "dist-ml"
 CLUSTER_KINDS = ("k3d", "gke")
-DEPLOYMENT_MODES = ("Standard", "Knative")
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany")
 VERSION = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+$")
 K3S_IMAGE = re.compile(r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$")
@@ -55,8 +54,6 @@ class PlatformConfig:
     argo_version: str = DEFAULT_ARGO_VERSION
     cert_manager_version: str = "v1.17.0"  # what KServe v0.20's install docs name
     kserve_version: str = "v0.20.0"
-    kserve_deployment_mode: str = "Standard"
-    knative_version: str = "v1.19.0"  # only with kserveDeploymentMode Knative
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +126,7 @@ GKE_KEYS = {"location": "", "releaseChannel": "", "deletionProtection": "", "kub
             "nodePools": "", "trainingPool": "cpu, spot or gpu: the node pool of the TFJob pods"}
 CLUSTER_KEYS = {"kind": "k3d or gke", "name": "cluster name", **K3D_KEYS, **GKE_KEYS}
 PLATFORM_KEYS = {"trainingOperatorVersion": "", "argoVersion": "", "certManagerVersion": "",
-                 "kserveVersion": "", "kserveDeploymentMode": "", "knativeVersion": ""}
+                 "kserveVersion": ""}
 PVC_KEYS = {"size": "", "accessMode": "", "storageClass": ""}
 GCS_KEYS = {"bucketName": "", "checkpointRetentionDays": ""}
 STORAGE_KEYS = {**PVC_KEYS, **GCS_KEYS}
@@ -283,9 +280,6 @@ def _platform(raw: Any) -> PlatformConfig:
                                   what="an Argo Workflows release v3.x.y or v4.x.y"),
         cert_manager_version=version("certManagerVersion", defaults.cert_manager_version),
         kserve_version=version("kserveVersion", defaults.kserve_version),
-        kserve_deployment_mode=section.text("kserveDeploymentMode", defaults.kserve_deployment_mode,
-                                            allowed=DEPLOYMENT_MODES),
-        knative_version=version("knativeVersion", defaults.knative_version),
     )
 
 
@@ -359,10 +353,6 @@ def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
         raise ConfigError("cluster.agents: pods on several nodes share the storage volume, which needs "
                           "storage.accessMode ReadWriteMany and a storage.storageClass that provides it "
                           "(k3s's local-path is ReadWriteOnce); keep agents 0 otherwise")
-    needs_knative = pipeline.serving.scale_metric in ("concurrency", "rps")
-    if needs_knative and platform.kserve_deployment_mode != "Knative":
-        raise ConfigError(f"serving.scaleMetric: {pipeline.serving.scale_metric} autoscaling needs "
-                          "platform.kserveDeploymentMode Knative; Standard mode scales on cpu or memory")
     return StackConfig(cluster_kind=kind, namespace=namespace, cluster=cluster, platform=platform,
                        storage=storage, monitoring=_monitoring(raw.get("monitoring"), kind),
                        pipeline=pipeline, run_on_up=run_on_up, gcp=gcp)

@@ -10,12 +10,11 @@ from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, node_selector, toleration
 from infra.pipeline import PipelineArgs, PipelineResources
 from infra.registry import RegistryImages, RegistryImagesArgs
-from infra.serving import Serving, ServingArgs, logger_url
-from pipeline.manifests import ClusterTarget
+from infra.serving import LOGGER_SERVICE_ACCOUNT, Serving, ServingArgs, logger_url
+from pipeline.manifests import PREDICTOR_SERVICE_ACCOUNT, TRAINER_SERVICE_ACCOUNT, ClusterTarget
 from stacks.config import GkeConfig, NodePoolConfig, StackConfig
 from stacks.shared import access_outputs, declare_monitoring, declare_platform
 
-PREDICTOR_SERVICE_ACCOUNT = "dist-ml-predictor"
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 
 
@@ -48,32 +47,33 @@ def define_gke_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     namespace = k8s.core.v1.Namespace("namespace", metadata={"name": config.namespace},
                                       opts=pulumi.ResourceOptions(provider=cluster.provider))
     platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
-    pipeline_account = config.pipeline.service_account_name
+    # Every actor that reads or writes the bucket: the workflow's pods (ingest, select), the TFJob
+    # pods, the predictor's storage initializer and the request logger.
+    bucket_users = (config.pipeline.service_account_name, TRAINER_SERVICE_ACCOUNT,
+                    PREDICTOR_SERVICE_ACCOUNT, LOGGER_SERVICE_ACCOUNT)
     storage = GcsStorage("storage", GcsStorageArgs(
         project=gcp_config.project, location=gcp_config.region, bucket_name=config.storage.bucket_name,
         checkpoint_retention_days=config.storage.checkpoint_retention_days, namespace=config.namespace,
         workload_pool=cluster.workload_pool,
-        kubernetes_service_accounts=(pipeline_account, PREDICTOR_SERVICE_ACCOUNT)))
+        kubernetes_service_accounts=bucket_users))
 
     # Training pods go to the training pool only; nothing else tolerates the spot and gpu taints.
     training_pool = pools[cluster_config.training_pool]
     tolerations = tuple(toleration(taint) for taint in training_pool.taints)
     target = images.images.apply(lambda built: ClusterTarget(
         images=built, storage=storage.storage, argo_version=platform_config.argo_version,
-        kserve_deployment_mode=platform_config.kserve_deployment_mode,
-        predictor_service_account=PREDICTOR_SERVICE_ACCOUNT, logger_url=logger_url(config.namespace),
+        logger_url=logger_url(config.namespace),
         training_tolerations=tolerations, training_node_selector=node_selector(cluster_config.training_pool),
         training_gpus=training_pool.gpus))
     uses_bucket = {WORKLOAD_IDENTITY_ANNOTATION: storage.service_account_email}
     needs = [*platform.ready, namespace, storage]
-    pipeline = PipelineResources("pipeline", PipelineArgs(
+    PipelineResources("pipeline", PipelineArgs(
         config=config.pipeline, target=target, namespace=config.namespace, run_on_up=config.run_on_up,
         provider=cluster.provider, depends_on=needs, service_account_annotations=uses_bucket))
-    serving = Serving("serving", ServingArgs(
-        config=config.pipeline, target=target, namespace=config.namespace, provider=cluster.provider,
-        depends_on=[*needs, pipeline], predictor_service_account=PREDICTOR_SERVICE_ACCOUNT,
-        predictor_service_account_annotations=uses_bucket))
-    monitoring_outputs = declare_monitoring(config, cluster.provider, platform)
-    return {**access_outputs(config, cluster.kubeconfig, serving, storage.storage),
+    Serving("serving", ServingArgs(
+        target=target, namespace=config.namespace, provider=cluster.provider, depends_on=needs,
+        service_account_annotations=uses_bucket))
+    monitoring_outputs = declare_monitoring(config, cluster.provider, platform, namespace)
+    return {**access_outputs(config, cluster.kubeconfig, storage.storage),
             "images": images.images.apply(lambda built: {"trainer": built.trainer, "serving": built.serving}),
             **monitoring_outputs}

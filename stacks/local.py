@@ -10,7 +10,7 @@ from infra.k3d import K3dCluster, K3dClusterArgs
 from infra.pipeline import PipelineArgs, PipelineResources
 from infra.serving import Serving, ServingArgs, logger_url
 from infra.storage import PvcStorage, PvcStorageArgs
-from pipeline.manifests import KSERVE_MODEL_DIR, ClusterTarget
+from pipeline.manifests import ClusterTarget
 from stacks.config import StackConfig
 from stacks.shared import access_outputs, declare_monitoring, declare_platform
 
@@ -25,25 +25,21 @@ def define_local_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     on_cluster = pulumi.ResourceOptions(provider=cluster.provider)
     namespace = k8s.core.v1.Namespace("namespace", metadata={"name": config.namespace}, opts=on_cluster)
 
-    images = LocalImages("images", LocalImagesArgs(cluster_name=cluster_config.name, cluster=cluster))
+    images = LocalImages("images", LocalImagesArgs(cluster_name=cluster_config.name, cluster=cluster,
+                                                       cluster_id=cluster.cluster_id))
     platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     storage = PvcStorage("storage", PvcStorageArgs(
         namespace=config.namespace, size=config.storage.size, access_mode=config.storage.access_mode,
-        storage_class=config.storage.storage_class, provider=cluster.provider),
-        opts=pulumi.ResourceOptions(depends_on=[namespace]))
+        storage_class=config.storage.storage_class, provider=cluster.provider, depends_on=[namespace]))
 
     target = ClusterTarget(images=images.images, storage=storage.storage,
-                           argo_version=platform_config.argo_version,
-                           kserve_deployment_mode=platform_config.kserve_deployment_mode,
-                           logger_url=logger_url(config.namespace))
+                           argo_version=platform_config.argo_version, logger_url=logger_url(config.namespace))
     needs = [*platform.ready, *images.imported, storage, namespace]
-    pipeline = PipelineResources("pipeline", PipelineArgs(
+    PipelineResources("pipeline", PipelineArgs(
         config=config.pipeline, target=target, namespace=config.namespace, run_on_up=config.run_on_up,
         provider=cluster.provider, depends_on=needs))
-    serving = Serving("serving", ServingArgs(
-        config=config.pipeline, target=target, namespace=config.namespace, provider=cluster.provider,
-        depends_on=[*needs, pipeline]))
-    monitoring_outputs = declare_monitoring(config, cluster.provider, platform)
-    return {**access_outputs(config, cluster.kubeconfig, serving, storage.storage),
-            "modelRepositoryInPredictor": f"{KSERVE_MODEL_DIR}/{config.pipeline.model_name}",
+    Serving("serving", ServingArgs(target=target, namespace=config.namespace, provider=cluster.provider,
+                                   depends_on=needs))
+    monitoring_outputs = declare_monitoring(config, cluster.provider, platform, namespace)
+    return {**access_outputs(config, cluster.kubeconfig, storage.storage),
             **monitoring_outputs}

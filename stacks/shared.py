@@ -3,13 +3,16 @@ stack outputs that tell a user how to reach the system."""
 
 from __future__ import annotations
 
+import posixpath
+
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.monitoring import Monitoring, MonitoringArgs
-from infra.platform import ARGO_NAMESPACE, Platform, PlatformArgs
-from infra.serving import Serving
+from infra.platform import Platform, PlatformArgs
+from pipeline.argo import ARGO_NAMESPACE
+from pipeline.definition import Layout
 from pipeline.manifests import ClusterStorage
 from stacks.config import StackConfig
 
@@ -23,32 +26,34 @@ def declare_platform(config: StackConfig, provider: k8s.Provider, kubeconfig: pu
         argo_version=versions.argo_version,
         cert_manager_version=versions.cert_manager_version,
         kserve_version=versions.kserve_version,
-        kserve_deployment_mode=versions.kserve_deployment_mode,
-        knative_version=versions.knative_version,
         provider=provider, kubeconfig=kubeconfig))
 
 
-def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Platform) -> dict[str, str]:
-    """Monitoring when config enables it; returns its stack outputs (none when disabled)."""
+def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Platform,
+                       namespace: k8s.core.v1.Namespace) -> dict[str, str]:
+    """Monitoring when config enables it (its monitors go in the platform's and the system's
+    namespaces); returns its stack outputs (none when disabled)."""
     if not config.monitoring.enabled:
         return {}
     Monitoring("monitoring", MonitoringArgs(
         chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
-        model_name=config.pipeline.model_name, provider=provider, depends_on=platform.ready))
+        model_name=config.pipeline.model_name, runtime=config.pipeline.serving.runtime, provider=provider,
+        depends_on=[*platform.ready, namespace]))
     return {"grafana": f"kubectl -n {MONITORING_NAMESPACE} port-forward "
                        "service/monitoring-kube-prometheus-stack-grafana 3000:80"}
 
 
-def access_outputs(config: StackConfig, kubeconfig: pulumi.Input[str], serving: Serving,
+def access_outputs(config: StackConfig, kubeconfig: pulumi.Input[str],
                    storage: ClusterStorage) -> dict[str, pulumi.Input]:
     model = config.pipeline.model_name
     return {
         "kubeconfig": kubeconfig,
-        "inferenceService": serving.inference_service.metadata["name"],
+        # The pipeline's serve step creates it, with the version the run published.
+        "inferenceService": f"{config.namespace}/{model}",
         "inferencePortForward": f"kubectl -n {config.namespace} port-forward "
                                 f"service/{model}-predictor {PORT_FORWARD_PORT}:80",
         "inferenceUrl": f"http://localhost:{PORT_FORWARD_PORT}/v1/models/{model}:predict",
-        "modelRepository": storage.model_uri("models", model),
+        "modelRepository": posixpath.join(Layout(storage.uri).models, model),
         "argoUi": f"kubectl -n {ARGO_NAMESPACE} port-forward service/argo-server 2746:2746 "
                   "# then open https://localhost:2746",
         "runPipeline": f"argo submit -n {config.namespace} --from workflowtemplate/dist-ml-pipeline --watch",

@@ -12,13 +12,15 @@ import pytest
 import yaml
 
 from infra import render
+from pipeline import argo
 from stacks import program
 
 CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml"}
 ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}
-# Prometheus Operator's kinds: no upstream schema in ../shared and none in kubernetes-validate.
-UNCHECKED_KINDS = {"PodMonitor"}
+# Prometheus Operator's kinds: no upstream schema pinned in testdata/pins.py, none in kubernetes-validate.
+UNCHECKED_KINDS = {"PodMonitor", "ServiceMonitor"}
 WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
+PUBLISHED_VERSION = "3"  # what select outputs, and the serve step receives
 
 
 def stack_values(stack_file: Path, **sections: dict) -> dict[str, str]:
@@ -35,10 +37,24 @@ def objects_of(rendered: render.Rendered, kind: str) -> list[dict]:
     return [o for o in rendered.objects if o["kind"] == kind]
 
 
+def as_submitted(text: str) -> str:
+    """A template's text with Argo's placeholders as a run substitutes them."""
+    return text.replace("{{workflow.name}}", WORKFLOW_NAME).replace(
+        f"{{{{inputs.parameters.{argo.VERSION_PARAMETER}}}}}", PUBLISHED_VERSION)
+
+
 def embedded(template: dict, name: str) -> dict:
-    """The manifest of one of a WorkflowTemplate's resource templates, as Argo submits it."""
+    """The object one of a WorkflowTemplate's templates creates (a resource template's manifest, or
+    the InferenceService the serve step rolls out), as a run submits it."""
     (found,) = [t for t in template["spec"]["templates"] if t["name"] == name]
-    return yaml.safe_load(found["resource"]["manifest"].replace("{{workflow.name}}", WORKFLOW_NAME))
+    if "resource" in found:
+        return yaml.safe_load(as_submitted(found["resource"]["manifest"]))
+    return json.loads(as_submitted(json.dumps(argo.rollout_manifest(found))))
+
+
+def creates_objects(template: dict) -> bool:
+    args = template.get("container", {}).get("args", [])
+    return "resource" in template or argo.ROLLOUT_MANIFEST_FLAG in args
 
 
 def validate_all(rendered: render.Rendered, validate_crd, argo_line: str, kubernetes_version: str) -> int:
@@ -52,7 +68,7 @@ def validate_all(rendered: render.Rendered, validate_crd, argo_line: str, kubern
             crd = ARGO_CRDS[argo_line].format(plural=kind.lower() + "s")
             assert validate_crd(crd, manifest) == [], kind
             for template in manifest["spec"].get("templates", []):
-                if "resource" in template:
+                if creates_objects(template):
                     inner = embedded(manifest, template["name"])
                     assert validate_crd(CRDS[inner["kind"]], inner) == [], template["name"]
                     checked += 1

@@ -14,6 +14,7 @@ from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
 from infra import policies, render
+from pipeline import argo
 
 STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
 LOCAL_STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
@@ -83,7 +84,7 @@ def test_the_bucket_is_private_versioned_and_forgets_old_checkpoints(gke_stack):
     assert len(policies.cloud_violations([careless, key])) == 4  # the policies are not blind
 
 
-def test_workload_identity_binds_the_pipeline_and_predictor_accounts_to_the_bucket(gke_stack):
+def test_workload_identity_binds_every_account_that_uses_the_bucket(gke_stack):
     (account,) = [a for a in gke_stack.of_type(ACCOUNT) if a.name == "storage-service-account"]
     email = f"{account.inputs['accountId']}@{PROJECT}.iam.gserviceaccount.com"
     (grant,) = gke_stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
@@ -92,13 +93,13 @@ def test_workload_identity_binds_the_pipeline_and_predictor_accounts_to_the_buck
     assert grant.inputs["bucket"] == f"{PROJECT}-dist-ml"  # that bucket only
     members = {r.inputs["member"] for r in gke_stack.of_type("gcp:serviceaccount/iAMMember:IAMMember")
                if r.inputs["role"] == "roles/iam.workloadIdentityUser"}
-    assert members == {f"serviceAccount:{PROJECT}.svc.id.goog[dist-ml/dist-ml-pipeline]",
-                       f"serviceAccount:{PROJECT}.svc.id.goog[dist-ml/dist-ml-predictor]"}
+    users = ("dist-ml-pipeline", "dist-ml-trainer", "dist-ml-predictor", "dist-ml-logger")
+    assert members == {f"serviceAccount:{PROJECT}.svc.id.goog[dist-ml/{name}]" for name in users}
     accounts = {o["metadata"]["name"]: o for o in objects_of(gke_stack, "ServiceAccount")}
-    for name in ("dist-ml-pipeline", "dist-ml-predictor"):
+    for name in users:
         assert accounts[name]["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
-    (isvc,) = objects_of(gke_stack, "InferenceService")
-    assert isvc["spec"]["predictor"]["serviceAccountName"] == "dist-ml-predictor"
+    (template,) = objects_of(gke_stack, "WorkflowTemplate")
+    assert embedded(template, "serve")["spec"]["predictor"]["serviceAccountName"] == "dist-ml-predictor"
 
 
 ANSWERED_POOL = "pool-as-gke-reports-it.svc.id.goog"
@@ -137,17 +138,20 @@ def test_pipeline_pods_mount_the_bucket_where_the_local_stack_mounts_its_volume(
     assert pod["spec"]["containers"][0]["volumeMounts"] == [{"name": "storage", "mountPath": "/mnt/dist-ml"}]
     (template,) = objects_of(gke_stack, "WorkflowTemplate")
     assert template["spec"]["podMetadata"] == {"annotations": {"gke-gcsfuse/volumes": "true"}}
-    (isvc,) = objects_of(gke_stack, "InferenceService")
-    env = isvc["spec"]["predictor"]["containers"][0]["env"]
-    assert {"name": "STORAGE_URI", "value": f"gs://{PROJECT}-dist-ml/models"} in env
+    env = embedded(template, "serve")["spec"]["predictor"]["containers"][0]["env"]
+    assert {"name": "STORAGE_URI",
+            "value": f"gs://{PROJECT}-dist-ml/releases/fmnist/{stack_checks.PUBLISHED_VERSION}"} in env
 
 
 def test_pods_use_the_pushed_images_by_digest(gke_stack):
     image = training_pod(gke_stack)["spec"]["containers"][0]["image"]
     registry = rf"us-central1-docker\.pkg\.dev/{PROJECT}/dist-ml"
     assert re.fullmatch(rf"{registry}/trainer@sha256:[0-9a-f]{{64}}", image)
-    (isvc,) = objects_of(gke_stack, "InferenceService")
+    (template,) = objects_of(gke_stack, "WorkflowTemplate")
+    isvc = embedded(template, "serve")
     assert "/dist-ml/serving@sha256:" in isvc["spec"]["predictor"]["containers"][0]["image"]
+    serve = [t for t in template["spec"]["templates"] if t["name"] == "serve"][0]
+    assert "/dist-ml/serving@sha256:" in serve["container"]["image"]
 
 
 def pools_of(rendered: render.Rendered) -> dict[str, dict]:
@@ -280,8 +284,8 @@ def test_images_are_built_for_the_nodes_platform_whatever_machine_builds_them(gk
 
 
 def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
-    assert {m["metadata"]["name"] for m in objects_of(gke_stack, "PodMonitor")} == {
-        "dist-ml-predictor", "training-operator"}
+    monitors = [*objects_of(gke_stack, "PodMonitor"), *objects_of(gke_stack, "ServiceMonitor")]
+    assert {m["metadata"]["name"] for m in monitors} == {"dist-ml-predictor", "training-operator"}
     (dashboard,) = [config_map for config_map in objects_of(gke_stack, "ConfigMap")
                     if config_map["metadata"]["name"] == "dist-ml-dashboard"]
     panels = json.loads(dashboard["data"]["dist-ml.json"])["panels"]
@@ -292,17 +296,19 @@ def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
 
     quiet = render.render("gke", gke_values(monitoring={"enabled": False}))
     assert "dist-ml:infra:Monitoring" not in {r.type for r in quiet.resources}
-    assert not objects_of(quiet, "PodMonitor")
+    assert not objects_of(quiet, "PodMonitor") and not objects_of(quiet, "ServiceMonitor")
 
 
 def flatten(node: object, path: str = "") -> dict[str, object]:
-    """path -> leaf value, with Argo's embedded manifests opened."""
+    """path -> leaf value, with Argo's embedded manifests (and the serve step's) opened."""
     if isinstance(node, dict):
         return {k: v for key, value in node.items() for k, v in flatten(
             yaml.safe_load(value) if key == "manifest" else value, f"{path}.{key}").items()}
     if isinstance(node, list):
+        manifest_at = node.index(argo.ROLLOUT_MANIFEST_FLAG) + 1 if argo.ROLLOUT_MANIFEST_FLAG in node else -1
         return {k: v for index, value in enumerate(node)
-                for k, v in flatten(value, f"{path}[{index}]").items()}
+                for k, v in flatten(json.loads(value) if index == manifest_at else value,
+                                    f"{path}[{index}]").items()}
     return {path: node}
 
 
@@ -311,18 +317,18 @@ def flatten(node: object, path: str = "") -> dict[str, object]:
 EXPECTED_DIFFERENCES = re.compile(r"|".join([
     r".*\.image$", r".*\.volumes\[0\]\..*", r".*\.podMetadata\..*",
     r".*\.metadata\.annotations\.gke-gcsfuse.*",
-    r".*\.tolerations\[\d+\]\..*", r".*\.nodeSelector\..*", r".*\.predictor\.serviceAccountName$",
+    r".*\.tolerations\[\d+\]\..*", r".*\.nodeSelector\..*",
     r".*\.env\[0\]\.value$",
     r".*\.storageUri$",
 ]))
 
 
-def test_both_stacks_declare_the_same_pipeline_and_inference_service_but_for_storage_and_images():
+def test_both_stacks_declare_the_same_pipeline_and_rollout_but_for_storage_images_and_placement():
     local_values = render.pulumi_values(LOCAL_STACK_FILE)
     shared = {f"dist-ml:{section}": local_values[f"dist-ml:{section}"] for section in ("pipeline", "serving")}
     local = render.render("local", local_values)
     gke = render.render("gke", {**gke_values(), **shared})
-    for kind in ("WorkflowTemplate", "InferenceService"):
+    for kind in ("WorkflowTemplate", "Deployment"):
         (local_object,), (gke_object,) = objects_of(local, kind), objects_of(gke, kind)
         local_flat, gke_flat = flatten(local_object), flatten(gke_object)
         differing = {path for path in local_flat.keys() | gke_flat.keys()

@@ -50,8 +50,9 @@ def test_the_graph_holds_every_component(default_stack):
     assert charts["kserve-resources"]["values"]["kserve"]["controller"]["deploymentMode"] == "Standard"
     kinds = {o["kind"] for o in default_stack.objects}
     assert {"PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
-            "WorkflowTemplate", "InferenceService", "Deployment", "Service"} <= kinds
+            "WorkflowTemplate", "Deployment", "Service"} <= kinds
     assert "Workflow" not in kinds  # pipeline.runOnUp is false
+    assert "InferenceService" not in kinds  # the pipeline's serve step owns it
 
 
 def test_every_declared_object_validates_against_the_real_schemas(default_stack, validate_crd):
@@ -70,10 +71,8 @@ def test_config_changes_the_objects(validate_crd):
     trains = [t["name"] for t in template["spec"]["templates"] if t["name"].startswith("train-")]
     assert trains == ["train-cnn"]
     assert embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 3
-    (isvc,) = objects_of(rendered, "InferenceService")
-    predictor = isvc["spec"]["predictor"]
+    predictor = embedded(template, "serve")["spec"]["predictor"]
     assert (predictor["minReplicas"], predictor["maxReplicas"], predictor["scaleTarget"]) == (2, 5, 50)
-    assert embedded(template, "serve")["spec"] == isvc["spec"]  # the pipeline applies the same object
     assert {r.inputs["version"] for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")} == {"v0.19.0"}
     files = {r.inputs["file"] for r in rendered.of_type("kubernetes:yaml/v2:ConfigFile")}
     assert any("argo-workflows/releases/download/v3.7.18/" in f for f in files)
@@ -85,15 +84,19 @@ def test_config_changes_the_objects(validate_crd):
     assert run["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
 
 
-def test_knative_mode_installs_knative_and_may_scale_on_concurrency(validate_crd):
-    rendered = render.render("local", stack_values(
-        platform={"kserveDeploymentMode": "Knative"},
-        serving={"scaleMetric": "concurrency", "scaleTarget": 1}))
-    files = [r.inputs["file"] for r in rendered.of_type("kubernetes:yaml/v2:ConfigFile")]
-    assert any("knative/serving/releases/download/knative-v1.19.0/serving-core.yaml" in f for f in files)
-    (isvc,) = objects_of(rendered, "InferenceService")
-    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Knative"
-    assert validate_crd(stack_checks.CRDS["InferenceService"], isvc) == []
+def test_kserve_runs_in_standard_mode_and_knative_is_not_offered():
+    """Knative mode could not work here (locally built images are resolved on Docker Hub, and with
+    Kourier the InferenceService's address names an Istio gateway), so it is not an option."""
+    rendered = render.render("local", render.pulumi_values(STACK_FILE))
+    charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs
+              for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")}
+    assert charts["kserve-resources"]["values"]["kserve"]["controller"]["deploymentMode"] == "Standard"
+    files = [r.inputs.get("file", "") for r in rendered.of_type("kubernetes:yaml/v2:ConfigFile")]
+    assert not any("knative" in file for file in files)
+    (template,) = objects_of(rendered, "WorkflowTemplate")
+    isvc = embedded(template, "serve")
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    assert "containerConcurrency" not in isvc["spec"]["predictor"]  # a Knative setting
 
 
 def test_policies_hold_and_are_not_blind(default_stack):
@@ -113,7 +116,7 @@ def test_policies_hold_and_are_not_blind(default_stack):
 
 def test_images_are_tagged_from_their_content(default_stack):
     (template,) = objects_of(default_stack, "WorkflowTemplate")
-    (isvc,) = objects_of(default_stack, "InferenceService")
+    isvc = embedded(template, "serve")
     trainer = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
     assert trainer["containers"][0]["image"].startswith("dist-ml/trainer:")
     assert isvc["spec"]["predictor"]["containers"][0]["image"].startswith("dist-ml/serving:")
@@ -122,7 +125,9 @@ def test_images_are_tagged_from_their_content(default_stack):
 
 BAD_STACK_CONFIG = [
     ({"cluster": {"agents": 1}}, "cluster.agents: pods on several nodes share the storage volume"),
-    ({"serving": {"scaleMetric": "rps"}}, "serving.scaleMetric: rps autoscaling needs"),
+    ({"serving": {"scaleMetric": "rps"}}, "serving.scaleMetric: must be one of cpu, memory"),
+    ({"serving": {"containerConcurrency": 1}}, "serving.containerConcurrency: unknown setting"),
+    ({"platform": {"kserveDeploymentMode": "Knative"}}, "platform.kserveDeploymentMode: unknown setting"),
     ({"pipeline": {"workers": 0}}, "pipeline.workers: must be an integer >= 1"),
     ({"pipeline": {"variants": ["vgg"]}}, "pipeline.variants: unknown variant 'vgg'"),
     ({"pipeline": {"storageRoot": "/data"}}, "pipeline.storageRoot: applies only to the local engine"),
@@ -152,7 +157,7 @@ def test_render_writes_one_file_per_object_and_a_summary(tmp_path):
     result = run_module("infra.render", "--stack", "local", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     files = {path.name for path in tmp_path.iterdir()}
-    assert {"workflowtemplate-dist-ml-dist-ml-pipeline.yaml", "inferenceservice-dist-ml-fmnist.yaml",
+    assert {"workflowtemplate-dist-ml-dist-ml-pipeline.yaml", "configmap-argo-dist-ml-memoize.yaml",
             "persistentvolumeclaim-dist-ml-dist-ml-storage.yaml", "summary.txt"} <= files
     summary = (tmp_path / "summary.txt").read_text()
     assert "oci://ghcr.io/kserve/charts/kserve-resources" in summary and "v0.20.0" in summary

@@ -25,7 +25,7 @@ def test_values_from_the_stack_config_mean_the_same():
                      "trainerResources": {"requests": {"cpu": "500m", "memory": "1Gi"},
                                           "limits": {"cpu": 2, "memory": "3Gi"}}},
         "serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.0", "minReplicas": 0,
-                    "maxReplicas": 5.0, "scaleMetric": "concurrency", "scaleTarget": 4},
+                    "maxReplicas": 5.0, "scaleMetric": "memory", "scaleTarget": 4},
     })
     assert config.variants == ("cnn_batchnorm",)
     assert config.workers == 3 and isinstance(config.workers, int)  # Pulumi gives floats
@@ -36,6 +36,9 @@ def test_values_from_the_stack_config_mean_the_same():
 
 
 BAD_CONFIGS = [
+    # Knative's settings: KServe's Standard mode, the only one the stacks install, has neither.
+    ({"serving": {"scaleMetric": "concurrency"}}, "serving.scaleMetric: must be one of cpu, memory"),
+    ({"serving": {"containerConcurrency": 1}}, "serving.containerConcurrency: unknown setting"),
     ({"pipeline": {"workers": 0}}, "pipeline.workers: must be an integer >= 1, got 0"),
     ({"pipeline": {"workers": "two"}}, "pipeline.workers"),
     ({"pipeline": {"workers": True}}, "pipeline.workers"),

@@ -6,29 +6,23 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import run_module
+from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, embedded
 
 from pipeline import argo
 from pipeline.config import parse_config
 from pipeline.definition import ingest_memo_key
-from pipeline.manifests import ClusterTarget
+from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
 
-ARGO_CRDS = {  # Argo release -> the directory of its full CRDs under ../shared/schemas
+ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.py)
     "v4.1.2": "argo-v4.1.2/",
     "v3.7.18": "",
 }
 KUBERNETES_VERSION = "1.33"
-WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
 CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "epochs": 4}}
 
 
 def templates(template: dict) -> dict[str, dict]:
     return {t["name"]: t for t in template["spec"]["templates"]}
-
-
-def embedded(template: dict, name: str) -> dict:
-    """The manifest of a resource template, as Argo submits it."""
-    manifest = templates(template)[name]["resource"]["manifest"]
-    return yaml.safe_load(manifest.replace("{{workflow.name}}", WORKFLOW_NAME))
 
 
 @pytest.mark.parametrize("argo_version", sorted(ARGO_CRDS))
@@ -83,7 +77,9 @@ def test_tfjobs_follow_the_config():
     assert command[command.index("--model") + 1] == "cnn_batchnorm"
     assert command[command.index("--epochs") + 1] == "4"
     assert container["volumeMounts"] == [{"name": "storage", "mountPath": "/mnt/dist-ml"}]
-    assert pod["spec"]["serviceAccountName"] == template["spec"]["serviceAccountName"]
+    # Its own identity: the workflow's pods may create TFJobs and InferenceServices, training may not.
+    assert pod["spec"]["serviceAccountName"] == TRAINER_SERVICE_ACCOUNT
+    assert TRAINER_SERVICE_ACCOUNT != template["spec"]["serviceAccountName"]
 
 
 def test_ingest_is_memoized_on_the_data_source_and_checksums():
@@ -93,32 +89,55 @@ def test_ingest_is_memoized_on_the_data_source_and_checksums():
     assert ingest["memoize"]["maxAge"] == "24h"
     assert ingest["memoize"]["cache"]["configMap"]["name"] == argo.memo_cache()["metadata"]["name"]
     assert argo.memo_cache()["metadata"]["labels"]["workflows.argoproj.io/configmap-type"] == "Cache"
+    # Argo's controller reads and writes the cache in its own namespace, whatever the workflow's.
+    assert argo.memo_cache()["metadata"]["namespace"] == argo.ARGO_NAMESPACE == "argo"
     other_source = parse_config({"pipeline": {"dataSource": "https://mirror.example/fmnist/"}})
     assert ingest_memo_key(other_source) != ingest_memo_key(config)
 
 
-def test_serve_waits_until_the_model_is_up_to_date_and_autoscales_from_config():
-    config = parse_config({"serving": {"minReplicas": 2, "maxReplicas": 6, "scaleMetric": "concurrency",
-                                       "scaleTarget": 1, "containerConcurrency": 4}})
+def test_serve_rolls_out_the_version_select_published_and_autoscales_from_config():
+    config = parse_config({"serving": {"minReplicas": 2, "maxReplicas": 6, "scaleMetric": "memory",
+                                       "scaleTarget": 70}})
     template = argo.workflow_template(config)
-    serve = templates(template)["serve"]["resource"]
-    assert serve["successCondition"] == "status.modelStatus.transitionStatus = UpToDate"
-    assert serve["failureCondition"] == "status.modelStatus.transitionStatus = BlockedByFailedLoad"
-    predictor = embedded(template, "serve")["spec"]["predictor"]
-    assert {k: predictor[k] for k in ("minReplicas", "maxReplicas", "scaleMetric", "scaleTarget",
-                                      "containerConcurrency")} == {
-        "minReplicas": 2, "maxReplicas": 6, "scaleMetric": "concurrency", "scaleTarget": 1,
-        "containerConcurrency": 4}
+    select, serve = templates(template)["select"], templates(template)["serve"]
+    # select writes the version it published where Argo reads its output...
+    command = select["container"]["command"]
+    written = command[command.index("--published-version-file") + 1]
+    (output,) = select["outputs"]["parameters"]
+    assert output == {"name": "version", "valueFrom": {"path": written}}
+    # ...and the DAG hands it to serve, which rolls the InferenceService out to it and waits.
+    (task,) = [t for t in templates(template)["pipeline"]["dag"]["tasks"] if t["name"] == "serve"]
+    assert task["arguments"]["parameters"] == [
+        {"name": "version", "value": "{{tasks.select.outputs.parameters.version}}"}]
+    assert serve["inputs"]["parameters"] == [{"name": "version"}]
+    assert serve["container"]["command"] == ["python", "-m", "serving.rollout"]
+    args = serve["container"]["args"]
+    assert args[args.index("--namespace") + 1] == "{{workflow.namespace}}"
+    assert 0 < float(args[args.index("--timeout-seconds") + 1]) < serve["activeDeadlineSeconds"]
+    assert serve["retryStrategy"]["limit"] == str(config.retries)
+    isvc = embedded(template, "serve")
+    assert isvc["metadata"]["annotations"]["dist-ml/model-version"] == PUBLISHED_VERSION
+    predictor = isvc["spec"]["predictor"]
+    assert {k: predictor[k] for k in ("minReplicas", "maxReplicas", "scaleMetric", "scaleTarget")} == {
+        "minReplicas": 2, "maxReplicas": 6, "scaleMetric": "memory", "scaleTarget": 70}
     (container,) = predictor["containers"]
     assert container["name"] == "kserve-container"
-    assert {"name": "STORAGE_URI", "value": "pvc://dist-ml-storage/models"} in container["env"]
+    # One version, the run's: a release holding only <version>/, served as a TF-Serving base path.
+    release = f"pvc://dist-ml-storage/releases/fmnist/{PUBLISHED_VERSION}"
+    assert {"name": "STORAGE_URI", "value": release} in container["env"]
+    assert container["args"][:4] == ["--model-base-path", "/mnt/models", "--model-name", "fmnist"]
 
 
-def test_the_tensorflow_runtime_serves_the_versions_directory():
-    config = parse_config({"serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.0"}})
-    model = embedded(argo.workflow_template(config), "serve")["spec"]["predictor"]["model"]
-    assert model["modelFormat"] == {"name": "tensorflow"} and model["runtimeVersion"] == "2.19.0"
-    assert model["storageUri"] == "pvc://dist-ml-storage/models/fmnist"
+def test_the_tensorflow_runtime_serves_the_release_with_a_pinned_tf_serving():
+    config = parse_config({"serving": {"runtime": "tensorflow"}})
+    target = ClusterTarget(storage=gcs_storage("bucket-1"))
+    model = embedded(argo.workflow_template(config, target), "serve")["spec"]["predictor"]["model"]
+    # KServe v0.20's default (2.6.2) predates the TensorFlow that writes the export.
+    assert model["modelFormat"] == {"name": "tensorflow"} and model["runtimeVersion"] == "2.20.0"
+    assert model["storageUri"] == f"gs://bucket-1/releases/fmnist/{PUBLISHED_VERSION}"
+    chosen = parse_config({"serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.1"}})
+    assert embedded(argo.workflow_template(chosen), "serve")["spec"]["predictor"]["model"][
+        "runtimeVersion"] == "2.19.1"
 
 
 def test_render_writes_one_file_per_object(tmp_path):

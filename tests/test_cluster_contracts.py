@@ -1,0 +1,277 @@
+"""What each actor on the cluster does, checked against what the stacks declare, the way the cluster
+would check it: Argo's controller and the workflow's pods, the TFJob pods, KServe's predictor and
+storage initializer, the request logger, Prometheus, and the order in which things must exist.
+Every test runs on both stacks' rendered objects (under Pulumi mocks) where the actor exists on both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from conftest import REPO_ROOT
+from stack_checks import PUBLISHED_VERSION, embedded, objects_of
+
+from infra import render
+from infra.pipeline import WORKFLOW_POD_RULES
+from pipeline import argo
+from pipeline.definition import Layout
+from pipeline.manifests import IMAGE_USER
+from serving import rollout
+
+PROJECT, REGION = "dist-ml-test-4821", "us-central1"
+WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"
+# What the emissary executor needs in every workflow pod (Argo's docs/workflow-rbac.md, v3.4+).
+EXECUTOR_NEEDS = {("argoproj.io", "workflowtaskresults", verb) for verb in ("create", "patch")}
+# kubectl's verbs for a resource template's action; its success/failure conditions are polled with GET.
+ACTION_VERBS = {"create": {"create"}, "apply": {"get", "create", "patch"}, "delete": {"delete"},
+                "patch": {"get", "patch"}}
+# Who creates the namespaces the platform's own manifests put objects in.
+NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "cert-manager": "platform-cert-manager"}
+
+
+def stack_values(stack: str) -> dict[str, str]:
+    values = render.pulumi_values(REPO_ROOT / f"Pulumi.{stack}.yaml")
+    if stack == "gke":
+        values.update({"gcp:project": PROJECT, "gcp:region": REGION})
+    return values
+
+
+@pytest.fixture(scope="module", params=["local", "gke"])
+def stack(request) -> render.Rendered:
+    return render.render(request.param, stack_values(request.param))
+
+
+@pytest.fixture(scope="module")
+def gke() -> render.Rendered:
+    return render.render("gke", stack_values("gke"))
+
+
+@pytest.fixture(scope="module")
+def local() -> render.Rendered:
+    return render.render("local", stack_values("local"))
+
+
+def template_of(rendered: render.Rendered) -> dict:
+    (template,) = objects_of(rendered, "WorkflowTemplate")
+    return template
+
+
+def named(rendered: render.Rendered, kind: str, name: str, namespace: str | None = None) -> dict:
+    (found,) = [o for o in objects_of(rendered, kind) if o["metadata"]["name"] == name
+                and (namespace is None or o["metadata"].get("namespace") == namespace)]
+    return found
+
+
+def grants(rendered: render.Rendered, namespace: str, account_namespace: str, account: str) -> set[tuple]:
+    """(group, resource, verb) that Roles bound to the account allow in `namespace`."""
+    allowed = set()
+    for binding in objects_of(rendered, "RoleBinding"):
+        subjects = {(s["namespace"], s["name"]) for s in binding["subjects"] if s["kind"] == "ServiceAccount"}
+        if binding["metadata"]["namespace"] != namespace or (account_namespace, account) not in subjects:
+            continue
+        role = named(rendered, "Role", binding["roleRef"]["name"], namespace)
+        for rule in role["rules"]:
+            allowed |= {(group, resource, verb) for group in rule["apiGroups"]
+                        for resource in rule["resources"] for verb in rule["verbs"]}
+    return allowed
+
+
+def bound_accounts(rendered: render.Rendered) -> set[tuple[str, str]]:
+    return {(s["namespace"], s["name"]) for kind in ("RoleBinding", "ClusterRoleBinding")
+            for binding in objects_of(rendered, kind) for s in binding["subjects"]}
+
+
+def plural(kind: str) -> str:
+    return kind.lower() + "s"
+
+
+def workflow_pod_needs(template: dict) -> set[tuple]:
+    """What the workflow's pods call, derived from the templates they run."""
+    needs = set(EXECUTOR_NEEDS)
+    for step in template["spec"]["templates"]:
+        if "resource" in step:
+            manifest = yaml.safe_load(step["resource"]["manifest"])
+            group = manifest["apiVersion"].rpartition("/")[0]
+            verbs = set(ACTION_VERBS[step["resource"]["action"]])
+            if step["resource"].get("successCondition") or step["resource"].get("failureCondition"):
+                verbs.add("get")
+            needs |= {(group, plural(manifest["kind"]), verb) for verb in verbs}
+        elif step.get("container", {}).get("command", [])[-1:] == [argo.ROLLOUT_MODULE]:
+            needs |= set(rollout.API_CALLS)
+    return needs
+
+
+def test_argo_controller_reads_and_writes_the_memo_cache_in_its_own_namespace(stack):
+    (ingest,) = [t for t in template_of(stack)["spec"]["templates"] if "memoize" in t]
+    cache_name = ingest["memoize"]["cache"]["configMap"]["name"]
+    cache = named(stack, "ConfigMap", cache_name)
+    assert cache["metadata"]["namespace"] == argo.ARGO_NAMESPACE
+    assert cache["metadata"]["labels"][argo.MEMO_CACHE_LABEL] == "Cache"  # Argo refuses it otherwise
+    controller = grants(stack, argo.ARGO_NAMESPACE, argo.ARGO_NAMESPACE, argo.ARGO_CONTROLLER_ACCOUNT)
+    assert {("", "configmaps", verb) for verb in ("get", "create", "update")} <= controller
+    role = named(stack, "Role", cache_name, argo.ARGO_NAMESPACE)
+    for rule in role["rules"]:  # only the cache, where a name can be given
+        assert rule.get("resourceNames", [cache_name]) == [cache_name] or rule["verbs"] == ["create"]
+
+
+def test_the_workflow_pods_hold_exactly_what_their_templates_do(stack):
+    template = template_of(stack)
+    namespace = template["metadata"]["namespace"]
+    account = template["spec"]["serviceAccountName"]
+    assert named(stack, "ServiceAccount", account, namespace)
+    assert grants(stack, namespace, namespace, account) == workflow_pod_needs(template)
+    assert not any(rule["resources"] == ["configmaps"] for rule in WORKFLOW_POD_RULES)
+
+
+def test_tfjob_pods_the_predictor_and_the_logger_have_their_own_accounts_with_no_rights(stack):
+    template = template_of(stack)
+    namespace = template["metadata"]["namespace"]
+    trainer = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    predictor = embedded(template, "serve")["spec"]["predictor"]
+    logger = named(stack, "Deployment", "dist-ml-logger", namespace)["spec"]["template"]["spec"]
+    accounts = [trainer["serviceAccountName"], predictor["serviceAccountName"], logger["serviceAccountName"]]
+    assert len(set(accounts)) == 3 and template["spec"]["serviceAccountName"] not in accounts
+    for account in accounts:
+        assert named(stack, "ServiceAccount", account, namespace)
+        assert (namespace, account) not in bound_accounts(stack)
+
+
+def test_every_pod_that_uses_the_bucket_has_a_google_identity_bound_to_its_account(gke):
+    template = template_of(gke)
+    namespace = template["metadata"]["namespace"]
+    tfjob_pod = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    logger_pod = named(gke, "Deployment", "dist-ml-logger", namespace)["spec"]["template"]
+    users = {  # account -> the pod metadata of pods that mount the bucket (the predictor copies it)
+        template["spec"]["serviceAccountName"]: template["spec"]["podMetadata"],
+        tfjob_pod["spec"]["serviceAccountName"]: tfjob_pod["metadata"],
+        logger_pod["spec"]["serviceAccountName"]: logger_pod["metadata"],
+        embedded(template, "serve")["spec"]["predictor"]["serviceAccountName"]: None,
+    }
+    members = {r.inputs["member"] for r in gke.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+               if r.inputs["role"] == "roles/iam.workloadIdentityUser"}
+    for account, pod_metadata in users.items():
+        annotations = named(gke, "ServiceAccount", account, namespace)["metadata"].get("annotations", {})
+        assert annotations.get(WORKLOAD_IDENTITY, "").endswith(f"@{PROJECT}.iam.gserviceaccount.com"), account
+        assert any(member.endswith(f".svc.id.goog[{namespace}/{account}]") for member in members), account
+        if pod_metadata is not None:  # the GCS FUSE CSI driver injects its sidecar only when asked
+            assert pod_metadata["annotations"]["gke-gcsfuse/volumes"] == "true", account
+
+
+def dockerfile_user(path: str) -> int:
+    (user,) = re.findall(r"^USER\s+(\d+)\s*$", (REPO_ROOT / path).read_text(), flags=re.MULTILINE)
+    return int(user)
+
+
+def test_the_bucket_is_mounted_writable_for_the_images_user(gke):
+    """GCS FUSE mounts as root with 0755 unless told otherwise; the images run as a non-root user."""
+    assert dockerfile_user("trainer/Dockerfile") == dockerfile_user("serving/Dockerfile") == IMAGE_USER
+    (volume,) = template_of(gke)["spec"]["volumes"]
+    options = dict(option.partition("=")[::2]
+                   for option in volume["csi"]["volumeAttributes"]["mountOptions"].split(","))
+    assert options["uid"] == options["gid"] == str(IMAGE_USER)
+    assert int(options["file-mode"], 8) & 0o600 == 0o600 and int(options["dir-mode"], 8) & 0o700 == 0o700
+
+
+def test_the_predictor_serves_one_release_and_names_the_port_prometheus_scrapes(stack):
+    template = template_of(stack)
+    (volume,) = template["spec"]["volumes"]
+    root = (f"pvc://{volume['persistentVolumeClaim']['claimName']}" if "persistentVolumeClaim" in volume
+            else f"gs://{volume['csi']['volumeAttributes']['bucketName']}")
+    predictor = embedded(template, "serve")["spec"]["predictor"]
+    (container,) = predictor["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    # Only the run's version: KServe copies (gs) or mounts (pvc) everything under the URI.
+    assert env["STORAGE_URI"] == f"{Layout(root).releases}/fmnist/{PUBLISHED_VERSION}"
+    assert container["args"][:2] == ["--model-base-path", "/mnt/models"]
+    for monitor in objects_of(stack, "PodMonitor"):
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] in {port["name"] for port in container["ports"]}
+
+
+def test_the_workflow_owns_the_inference_service_and_rolls_out_the_version_select_published(stack):
+    assert objects_of(stack, "InferenceService") == []  # Pulumi declares none: one owner
+    tasks = {t["name"]: t for t in template_of(stack)["spec"]["templates"][0]["dag"]["tasks"]}
+    assert "select" in tasks["serve"]["depends"]
+    assert stack.outputs["inferenceService"] == "dist-ml/fmnist"
+
+
+def test_monitors_name_ports_that_exist(gke):
+    (operator,) = objects_of(gke, "ServiceMonitor")
+    assert operator["metadata"]["namespace"] == "kubeflow"
+    # kubeflow/trainer v1.9.4's Service names its port 8080; the container port has no name.
+    assert operator["spec"]["selector"]["matchLabels"] == {"app": "training-operator"}
+    assert operator["spec"]["endpoints"] == [{"port": "monitoring-port", "path": "/metrics"}]
+    assert "targetPort" not in json.dumps([o["spec"] for o in objects_of(gke, "PodMonitor")])
+
+
+def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_serve():
+    values = stack_values("gke")
+    values["dist-ml:serving"] = json.dumps({**json.loads(values["dist-ml:serving"]), "runtime": "tensorflow"})
+    assert objects_of(render.render("gke", values), "PodMonitor") == []
+
+
+def closure(rendered: render.Rendered, name: str) -> set[str]:
+    by_name = {r.name: r for r in rendered.resources}
+    seen, todo = set(), [name]
+    while todo:
+        for dependency in by_name[todo.pop()].depends_on - seen:
+            seen.add(dependency)
+            todo.append(dependency)
+    return seen
+
+
+def test_every_namespaced_object_waits_for_its_namespace(stack):
+    creators = {**NAMESPACE_CREATORS, **{r.inputs["metadata"]["name"]: r.name for r in stack.resources
+                                         if r.type == "kubernetes:core/v1:Namespace"}}
+    for resource in stack.resources:
+        namespace = resource.is_kubernetes_object and resource.inputs["metadata"].get("namespace")
+        if namespace:
+            assert creators[namespace] in closure(stack, resource.name), (resource.name, namespace)
+
+
+def test_kserve_is_installed_only_once_cert_managers_webhook_has_its_ca(stack):
+    waits = closure(stack, "platform-kserve-resources")
+    assert {"platform-cert-manager-ready", "platform-cert-manager"} <= waits
+    (ready,) = [r for r in stack.of_type("command:local:Command") if r.name == "platform-cert-manager-ready"]
+    assert "caBundle" in ready.inputs["create"] and "--timeout=" in ready.inputs["create"]
+
+
+def test_a_changed_k3d_cluster_is_deleted_before_its_namesake_is_created(local):
+    (cluster,) = [r for r in local.of_type("command:local:Command") if r.name == "cluster-cluster"]
+    assert cluster.inputs["create"].startswith("k3d cluster create dist-ml ")
+    assert cluster.delete_before_replace
+
+
+def test_images_are_imported_into_every_new_k3d_cluster(local):
+    cluster_id = "cluster-cluster-id"  # what the mocks answer for the cluster command's id
+    imports = [r for r in local.of_type("command:local:Command") if "k3d image import" in r.inputs["create"]]
+    assert len(imports) == 2 and all(cluster_id in r.inputs["triggers"] for r in imports)
+
+
+def quantity(value: str) -> float:
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    match = re.fullmatch(r"([0-9.]+)(m|Ki|Mi|Gi)?", value)
+    return float(match[1]) * units.get(match[2] or "", 1)
+
+
+def test_the_local_stacks_defaults_fit_a_default_k3d_cluster(local):
+    """The busiest moment of a run on the default local config: `parallelism` training steps at once,
+    a predictor rolling out (one surge replica), and the logger — within 3 CPUs and 6 GiB, leaving a
+    4-CPU, 8-GiB Docker VM room for the platform."""
+    template = template_of(local)
+    parallelism = template["spec"]["parallelism"]
+    trains = [embedded(template, t["name"]) for t in template["spec"]["templates"]
+              if t["name"].startswith("train-")][:parallelism]
+    pods = []
+    for tfjob in trains:
+        worker = tfjob["spec"]["tfReplicaSpecs"]["Worker"]
+        pods += [worker["template"]["spec"]["containers"][0]["resources"]["requests"]] * worker["replicas"]
+    predictor = embedded(template, "serve")["spec"]["predictor"]
+    pods += [predictor["containers"][0]["resources"]["requests"]] * (predictor["minReplicas"] + 1)
+    logger = named(local, "Deployment", "dist-ml-logger")["spec"]["template"]["spec"]["containers"][0]
+    pods.append(logger["resources"]["requests"])
+    assert sum(quantity(p["cpu"]) for p in pods) <= 3
+    assert sum(quantity(p["memory"]) for p in pods) <= 6 * 2**30
