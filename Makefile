@@ -61,10 +61,11 @@ lock:
 
 # Before `pulumi up --stack $(STACK)`: docker (and its daemon), k3d, pulumi and kubectl, each new
 # enough; STACK=gke checks gcloud and gke-gcloud-auth-plugin instead of k3d (infra/preflight.py).
+# The standard library suffices, so it runs before .venv exists and takes a second.
 STACK ?= local
 .PHONY: preflight
-preflight: $(INSTALLED)
-	$(PY) -m infra.preflight --stack $(STACK)
+preflight:
+	$(PYTHON) -m infra.preflight --stack $(STACK)
 
 clean:
 	rm -rf runs
