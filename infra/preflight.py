@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Callable, Sequence
 
-from trainer import cli
+from common import cli
 
 Version = tuple[int, ...]
 

@@ -20,10 +20,10 @@ import pulumi
 import yaml
 from pulumi.runtime.mocks import MockMonitor
 
+from common import cli
 from pipeline.config import ConfigError
 from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
-from stacks.program import define_stack
-from trainer import cli
+from stacks.compose import define_stack
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAKE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# rendered under Pulumi mocks\n"

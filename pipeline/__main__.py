@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from common import cli
 from pipeline import argo
 from pipeline.config import ConfigError, load_config
 from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
 from pipeline.manifests import DEFAULT_ARGO_VERSION, ClusterTarget
 from serving.client import ServerError
 from serving.process import ServerFailed
-from trainer import cli
 
 # Flag -> config key: the flags are spelled like the trainer's, the keys like the stack config's.
 OVERRIDES = {

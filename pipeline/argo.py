@@ -19,8 +19,7 @@ import json
 import re
 from pathlib import Path
 
-import yaml
-
+from common.yaml_text import to_yaml
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
@@ -56,17 +55,6 @@ PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo read
 ROLLOUT_MODULE = "serving.rollout"
 ROLLOUT_TIMEOUT_SECONDS = 900
 ROLLOUT_MANIFEST_FLAG = "--manifest"
-
-
-class _PlainDumper(yaml.SafeDumper):
-    """Writes shared sub-objects out in full: no YAML anchors in what people read."""
-
-    def ignore_aliases(self, data: object) -> bool:
-        return True
-
-
-def to_yaml(manifest: dict) -> str:
-    return yaml.dump(manifest, Dumper=_PlainDumper, sort_keys=False)
 
 
 def retry_strategy(step: Step) -> dict:

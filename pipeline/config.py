@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from trainer.ingest import OFFICIAL_MIRROR
+from trainer.fashion_mnist import OFFICIAL_MIRROR
 from trainer.variants import VARIANTS
 
 SECTIONS = ("pipeline", "serving")

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import requests
 
-from trainer import cli
+from common import cli
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 TIMEOUT_SECONDS = 30

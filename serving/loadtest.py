@@ -27,8 +27,8 @@ import aiohttp
 import numpy as np
 from PIL import Image
 
+from common import cli
 from serving.client import DEFAULT_URL, inference_request
-from trainer import cli
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 HISTOGRAM_BINS = 10

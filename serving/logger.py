@@ -30,7 +30,7 @@ from typing import IO, Callable, Sequence
 from cloudevents.exceptions import GenericException
 from cloudevents.http import from_http
 
-from trainer import cli
+from common import cli
 
 DEFAULT_ROTATE_SECONDS = 60.0
 DEFAULT_ROTATE_BYTES = 16 * 1024 * 1024

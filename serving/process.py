@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 import requests
 
-from trainer.cluster import free_ports
+from common.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_SECONDS = 120

@@ -23,7 +23,7 @@ import json
 import time
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from trainer import cli
+from common import cli
 
 ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels the predictor's pods with it

@@ -25,10 +25,10 @@ from kserve import ModelServer
 from kserve.model_server import app
 from timing_asgi import TimingMiddleware
 
+from common import cli
 from serving.metrics import ERRORS, LATENCY, REQUESTS, error_kind
 from serving.model import FashionMnistModel
 from serving.request_log import RequestLogger, cloudevents_sink, file_sink
-from trainer import cli
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/[^/]+:predict$"),

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from conftest import run_module
 
+from common.ports import free_ports
 from trainer import fashion_mnist
 from trainer.atomic import COMMIT_MARKER, is_committed
-from trainer.cluster import free_ports
 from trainer.fashion_mnist import FILE_NAMES, DatasetError, write_split
 from trainer.ingest import SourceUnavailable, ingest, ingest_with_fallback
 

@@ -29,10 +29,10 @@ from cloudevents.http import CloudEvent
 from conftest import run_module, train_args
 from rename_refusal import refusing_directory_renames, subprocess_env
 
+from common.ports import free_ports
 from serving.process import REPO_ROOT, stop
 from trainer import model_repository
 from trainer.atomic import COMMIT_MARKER, is_committed
-from trainer.cluster import free_ports
 from trainer.fashion_mnist import MANIFEST_NAME, write_split
 from trainer.ingest import ingest
 

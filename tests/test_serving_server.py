@@ -24,6 +24,7 @@ from kserve.protocol.rest.server import PrintTimings
 from PIL import Image
 from timing_asgi import TimingMiddleware
 
+from common.ports import free_ports
 from serving import client, loadtest
 from serving import logger as logger_module
 from serving import server as server_module
@@ -31,7 +32,6 @@ from serving.client import inference_request
 from serving.process import model_server, running_server, start_module, stop
 from serving.server import LimitAndMeasure, without_kserve_timing
 from trainer import fashion_mnist, model_repository
-from trainer.cluster import free_ports
 
 MODEL = "fmnist"
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
+
+from common.ports import free_ports
 
 TF_CONFIG = "TF_CONFIG"
 WORKER_TYPES = ("chief", "worker")
@@ -73,18 +74,6 @@ def parse_tf_config(text: str | None) -> ClusterSpec:
     if not isinstance(task_index, int) or not 0 <= task_index < len(cluster[task_type]):
         raise _fail(f"task.index {task_index!r} is not in 0..{len(cluster[task_type]) - 1}")
     return ClusterSpec(cluster=cluster, task_type=task_type, task_index=task_index)
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 now; all sockets are held until the end so the ports differ."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def local_tf_configs(num_workers: int) -> list[str]:

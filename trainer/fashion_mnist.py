@@ -49,6 +49,8 @@ OFFICIAL_MD5 = {
     "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
     "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
 }
+# The authors' mirror of the four files (github.com/zalandoresearch/fashion-mnist): the default source.
+OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 
 MANIFEST_NAME = "manifest.json"
 

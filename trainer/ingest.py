@@ -26,11 +26,12 @@ from typing import Sequence
 
 import numpy as np
 
-from trainer import cli
+from common import cli
 from trainer.atomic import COMMIT_MARKER, is_committed, staged_directory
 from trainer.fashion_mnist import (
     FILE_NAMES,
     MANIFEST_NAME,
+    OFFICIAL_MIRROR,
     SPLIT_FILES,
     DatasetError,
     md5_of,
@@ -39,7 +40,6 @@ from trainer.fashion_mnist import (
     write_split,
 )
 
-OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 TFDS_SOURCE = "tfds"
 DOWNLOAD_TIMEOUT_SECONDS = 30
 TFDS_BATCH_SIZE = 10_000

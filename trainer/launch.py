@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from trainer import cli
+from common import cli
 from trainer.cluster import TF_CONFIG, local_tf_configs
 
 POLL_SECONDS = 0.2

@@ -22,7 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from trainer import cli, export, model_repository, report
+from common import cli
+from trainer import export, model_repository, report
 from trainer.atomic import COMMIT_MARKER, is_committed
 from trainer.fashion_mnist import NUM_CLASSES, DatasetError, Split, load_split
 

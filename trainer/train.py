@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import cli, data, export, models
+from common import cli
+from trainer import data, export, models
 from trainer.atomic import staged_directory
 from trainer.cluster import LOCAL, TF_CONFIG, ClusterConfigError, ClusterSpec, parse_tf_config
 from trainer.fashion_mnist import DatasetError, Split, load_split

@@ -1,4 +1,4 @@
-"""Command-line plumbing shared by the trainer's entry points: every failure is one clear line."""
+"""Command-line plumbing shared by every package's entry points: every failure is one clear line."""
 
 from __future__ import annotations
 
