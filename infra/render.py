@@ -22,8 +22,8 @@ from pulumi.runtime.mocks import MockMonitor
 
 from common import cli
 from pipeline.config import ConfigError
-from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
 from stacks.compose import define_stack
+from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAKE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# rendered under Pulumi mocks\n"

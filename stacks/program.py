@@ -6,20 +6,13 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from pipeline.config import ConfigError
-from stacks.config import StackConfig, from_pulumi_values, parse_stack_config
-from stacks.gke import define_gke_stack
-from stacks.local import define_local_stack
+from stacks.compose import define_stack
+from stacks.config import from_pulumi_values, parse_stack_config
 
 
 def stack_config_values() -> dict[str, str]:
     """Every config value of the stack, as the Pulumi engine hands them to the program."""
     return {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-
-
-def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
-    if config.cluster_kind == "gke":
-        return define_gke_stack(config)
-    return define_local_stack(config)
 
 
 def main() -> None:

@@ -1,0 +1,72 @@
+"""What differs between the clusters a stack can run on, behind one small interface.
+
+A cluster kind declares four things: the cluster and a Kubernetes provider bound to it, where the
+images come from, the storage every pipeline pod mounts, and the identity through which pods use that
+storage (annotations on their service accounts). Everything else — the platform, the pipeline,
+serving, monitoring — is composed once, the same way for every kind (stacks/compose.py).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from pipeline.manifests import ClusterStorage, Images
+from stacks.config import StackConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    provider: k8s.Provider  # every Kubernetes object goes through it
+    kubeconfig: pulumi.Output[str]  # a secret
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSource:
+    images: pulumi.Input[Images]  # what pods run (an Output where digests are known only after a push)
+    ready: list[pulumi.Resource] = dataclasses.field(default_factory=list)  # pods wait for these
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    storage: ClusterStorage  # the volume every pipeline pod mounts, and its URI for KServe
+    ready: list[pulumi.Resource]  # pods that mount it wait for these
+    # What lets a pod's service account use the storage (e.g. a Workload Identity binding).
+    account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlacement:
+    """Where TFJob pods run: a node pool's labels and taints, and its GPUs per pod."""
+    tolerations: tuple[dict, ...] = ()
+    node_selector: dict = dataclasses.field(default_factory=dict)
+    gpus: int = 0
+
+
+class ClusterKind(abc.ABC):
+    """One kind of cluster (k3d, GKE, ...), made from the parsed stack config."""
+
+    def __init__(self, config: StackConfig):
+        self.config = config
+
+    @abc.abstractmethod
+    def cluster(self) -> Cluster:
+        """Declares the cluster and its provider."""
+
+    @abc.abstractmethod
+    def images(self, cluster: Cluster) -> ImageSource:
+        """Declares how the trainer and serving images reach the cluster's nodes."""
+
+    @abc.abstractmethod
+    def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
+        """Declares the storage, usable by pods running as the service accounts `users`."""
+
+    def training_placement(self) -> TrainingPlacement:
+        return TrainingPlacement()
+
+    def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
+        """Stack outputs of this kind beyond the ones every stack has."""
+        return {}

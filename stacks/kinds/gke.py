@@ -1,0 +1,66 @@
+"""GKE: node pools (training on its own pool), images in Artifact Registry by digest, and a GCS
+bucket mounted with GCS FUSE, reached through Workload Identity."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.gcs import GcsStorage, GcsStorageArgs
+from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, node_selector, toleration
+from infra.registry import RegistryImages, RegistryImagesArgs
+from stacks.config import GkeConfig, NodePoolConfig
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+
+WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
+
+
+def node_pool(pool: NodePoolConfig, spot: bool = False) -> NodePoolArgs:
+    return NodePoolArgs(machine_type=pool.machine_type, min_nodes=pool.min_nodes, max_nodes=pool.max_nodes,
+                        spot=spot, accelerator_type=pool.accelerator_type,
+                        accelerator_count=pool.accelerator_count)
+
+
+def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
+    pools = {"cpu": node_pool(cluster.cpu_pool)}
+    if cluster.spot_pool:
+        pools["spot"] = node_pool(cluster.spot_pool, spot=True)
+    if cluster.gpu_pool:
+        pools["gpu"] = node_pool(cluster.gpu_pool)
+    return pools
+
+
+class GkeKind(ClusterKind):
+    def cluster(self) -> Cluster:
+        config, gcp = self.config.cluster, self.config.gcp
+        self._pools = node_pools(config)
+        # Before the cluster: its nodes are granted reading the repository before they start.
+        self._registry = RegistryImages("images", RegistryImagesArgs(project=gcp.project, region=gcp.region))
+        self._cluster = GkeCluster("cluster", GkeClusterArgs(
+            project=gcp.project, name=config.name, location=config.location,
+            release_channel=config.release_channel, deletion_protection=config.deletion_protection,
+            node_pools=self._pools, image_repository=self._registry.repository))
+        return Cluster(provider=self._cluster.provider, kubeconfig=self._cluster.kubeconfig)
+
+    def images(self, cluster: Cluster) -> ImageSource:
+        return ImageSource(images=self._registry.images)
+
+    def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
+        gcp, config = self.config.gcp, self.config.storage
+        storage = GcsStorage("storage", GcsStorageArgs(
+            project=gcp.project, location=gcp.region, bucket_name=config.bucket_name,
+            checkpoint_retention_days=config.checkpoint_retention_days, namespace=self.config.namespace,
+            workload_pool=self._cluster.workload_pool, kubernetes_service_accounts=users))
+        return Storage(storage=storage.storage, ready=[storage],
+                       account_annotations={WORKLOAD_IDENTITY_ANNOTATION: storage.service_account_email})
+
+    def training_placement(self) -> TrainingPlacement:
+        # Training pods go to the training pool only; nothing else tolerates the spot and gpu taints.
+        name = self.config.cluster.training_pool
+        pool = self._pools[name]
+        return TrainingPlacement(tolerations=tuple(toleration(taint) for taint in pool.taints),
+                                 node_selector=node_selector(name), gpus=pool.gpus)
+
+    def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
+        return {"images": pulumi.Output.from_input(images.images).apply(
+            lambda built: {"trainer": built.trainer, "serving": built.serving})}

@@ -1,0 +1,33 @@
+"""k3d: k3s in Docker on this machine, images built here and imported, a local-path PVC."""
+
+from __future__ import annotations
+
+import pulumi_kubernetes as k8s
+
+from infra.images import LocalImages, LocalImagesArgs
+from infra.k3d import K3dCluster, K3dClusterArgs
+from infra.storage import PvcStorage, PvcStorageArgs
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage
+
+
+class K3dKind(ClusterKind):
+    def cluster(self) -> Cluster:
+        config = self.config.cluster
+        self._cluster = K3dCluster("cluster", K3dClusterArgs(
+            name=config.name, servers=config.servers, agents=config.agents, k3s_image=config.k3s_image,
+            ports=tuple((port.host, port.container) for port in config.ports)))
+        return Cluster(provider=self._cluster.provider, kubeconfig=self._cluster.kubeconfig)
+
+    def images(self, cluster: Cluster) -> ImageSource:
+        cluster_id = self._cluster.cluster_id
+        images = LocalImages("images", LocalImagesArgs(
+            cluster_name=self.config.cluster.name, cluster=self._cluster, cluster_id=cluster_id))
+        return ImageSource(images=images.images, ready=images.imported)
+
+    def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
+        # Any pod in the namespace may mount the claim: no identity to bind.
+        config = self.config.storage
+        storage = PvcStorage("storage", PvcStorageArgs(
+            namespace=self.config.namespace, size=config.size, access_mode=config.access_mode,
+            storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace]))
+        return Storage(storage=storage.storage, ready=[storage])
