@@ -11,9 +11,8 @@ import pulumi
 import pytest
 import yaml
 
-from infra import render
 from pipeline import argo
-from stacks import program
+from stacks import program, render
 
 CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml"}
 ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}

@@ -14,12 +14,12 @@ import yaml
 from conftest import REPO_ROOT
 from stack_checks import PUBLISHED_VERSION, embedded, objects_of
 
-from infra import render
 from infra.pipeline import WORKFLOW_POD_RULES
 from pipeline import argo
 from pipeline.definition import Layout
 from pipeline.manifests import IMAGE_USER
 from serving import rollout
+from stacks import render
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
 WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"

@@ -13,8 +13,8 @@ import yaml
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
-from infra import policies, render
 from pipeline import argo
+from stacks import policies, render
 
 STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
 LOCAL_STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
@@ -390,7 +390,7 @@ def test_the_stack_file_has_no_placeholder_project_and_stops_at_once_until_one_i
     assert "pulumi config set --stack gke gcp:project" in STACK_FILE.read_text()  # the file says how
     assert config_error_before_any_resource("gke", values) == (
         "stack config: gcp:project: is required on the gke stack (pulumi config set gcp:project ...)")
-    result = run_module("infra.render", "--stack", "gke", "--out", tmp_path)
+    result = run_module("stacks.render", "--stack", "gke", "--out", tmp_path)
     assert result.returncode != 0
     assert "Pulumi.gke.yaml: gcp:project: is required on the gke stack" in result.stderr
     assert list(tmp_path.iterdir()) == []

@@ -8,8 +8,8 @@ import stack_checks
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
-from infra import policies, render
 from pipeline.config import ConfigError
+from stacks import policies, render
 from stacks.config import parse_stack_config
 
 STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
@@ -154,7 +154,7 @@ def test_an_unknown_key_is_an_error():
 
 
 def test_render_writes_one_file_per_object_and_a_summary(tmp_path):
-    result = run_module("infra.render", "--stack", "local", "--out", tmp_path)
+    result = run_module("stacks.render", "--stack", "local", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     files = {path.name for path in tmp_path.iterdir()}
     assert {"workflowtemplate-dist-ml-dist-ml-pipeline.yaml", "configmap-argo-dist-ml-memoize.yaml",

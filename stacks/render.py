@@ -1,6 +1,6 @@
 """Run a stack's program under Pulumi mocks and write what it declares, for review and for tests.
 
-    python -m infra.render --stack local|gke --out DIR
+    python -m stacks.render --stack local|gke --out DIR
 
 Reads Pulumi.<stack>.yaml as the Pulumi engine would and writes every Kubernetes object as YAML,
 one file per object, plus summary.txt: the other resources (charts and kustomize installs with their
@@ -235,7 +235,7 @@ def write(rendered: Rendered, out: Path) -> list[Path]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = cli.OneLineParser(prog="infra.render", description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineParser(prog="stacks.render", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", required=True, help="reads Pulumi.<stack>.yaml")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
@@ -251,8 +251,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         raise cli.UsageError(f"{stack_file.name}: {error}") from None
     paths = write(rendered, args.out)
-    print(f"infra.render: {len(paths) - 1} Kubernetes objects and summary.txt in {args.out}")
+    print(f"stacks.render: {len(paths) - 1} Kubernetes objects and summary.txt in {args.out}")
 
 
 if __name__ == "__main__":
-    cli.run("infra.render", main)
+    cli.run("stacks.render", main)
