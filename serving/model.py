@@ -24,8 +24,9 @@ from serving.batching import DynamicBatcher
 from serving.inputs import Batch, parse_v1, parse_v2
 from serving.metrics import BATCH_SIZE, MODEL_VERSION
 from serving.request_log import RequestLogger
-from trainer import export, model_repository
+from trainer import model_repository
 from trainer.fashion_mnist import NUM_CLASSES
+from trainer.serving_contract import PIXELS_SIGNATURE, SERVING_SIGNATURE
 
 VERSION_HEADER = "x-model-version"
 OUTPUTS = ("probabilities", "class_id", "class_name")
@@ -48,8 +49,8 @@ class LoadedVersion:
 
 def load_version(base_path: Path, number: int) -> LoadedVersion:
     loaded = tf.saved_model.load(str(base_path / str(number)))
-    return LoadedVersion(number, loaded.signatures[export.SERVING_SIGNATURE],
-                         loaded.signatures[export.PIXELS_SIGNATURE])
+    return LoadedVersion(number, loaded.signatures[SERVING_SIGNATURE],
+                         loaded.signatures[PIXELS_SIGNATURE])
 
 
 def freeze_long_lived_objects() -> None:

@@ -17,11 +17,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 from trainer.fashion_mnist import CLASS_NAMES, IMAGE_SIZE
+from trainer.serving_contract import IMAGE_BYTES_INPUT, PIXELS_INPUT, PIXELS_SIGNATURE, SERVING_SIGNATURE
 
-IMAGE_BYTES_INPUT = "image_bytes"
-PIXELS_INPUT = "pixels"
-PIXELS_SIGNATURE = "pixels"
-SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 METRICS_FILE = "metrics.json"  # written by the trainer inside the export
 
 
