@@ -9,8 +9,15 @@ serve rolls the InferenceService out to that version (`serving.rollout`) and suc
 predictor replica serves it. `render_objects` is what the Pulumi programs declare; the workflow, not
 Pulumi, owns the InferenceService, because only a run knows which version it serves.
 
+Each step becomes the template its kind's handler renders (TEMPLATES; a kind without one is an error
+naming the step). The DAG passes a template's input parameters from the dependency whose template
+outputs a parameter of that name: select's `version` reaches serve whatever the steps are called.
+
 Argo's controller keeps the memo cache in its own namespace (argoproj/argo-workflows#10012), so the
 cache ConfigMap goes there, and the controller needs a Role there to write it.
+
+Plain dicts, not hera's typed models: no hera release types both Argo v3 and v4 memo caches (7.x
+drops v3's configMap.key, 6.x and older require it), and their dumps reorder every key.
 """
 
 from __future__ import annotations
@@ -18,22 +25,22 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Callable, Mapping
 
 from common.yaml_text import to_yaml
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
-    INGEST,
-    SELECT,
-    SERVE,
+    PipelineError,
     Step,
+    StepKind,
     build_steps,
     ingest_memo_key,
+    require_handlers,
 )
 from pipeline.manifests import (
     PART_OF,
     ClusterTarget,
-    Images,
     container,
     inference_service,
     tfjob,
@@ -68,23 +75,23 @@ def memo_cache_ref(step: Step, argo_version: str) -> dict:
     return {"name": MEMO_CACHE_NAME}
 
 
-def ingest_template(config: PipelineConfig, step: Step, images: Images, argo_version: str) -> dict:
+def ingest_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     return {
         "name": step.name,
         # Argo memoizes outputs: the manifest is ingest's, and a hit skips the pod.
         "memoize": {"key": ingest_memo_key(config), "maxAge": config.memoize_max_age,
-                    "cache": {"configMap": memo_cache_ref(step, argo_version)}},
+                    "cache": {"configMap": memo_cache_ref(step, target.argo_version)}},
         "retryStrategy": retry_strategy(step),
-        "container": container(step, MAIN_CONTAINER, images),
+        "container": container(step, MAIN_CONTAINER, target.images),
         "outputs": {"parameters": [
             {"name": "manifest", "valueFrom": {"path": f"{step.outputs[0]}/{MANIFEST_NAME}"}},
         ]},
     }
 
 
-def select_template(step: Step, images: Images) -> dict:
+def select_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     """Select, and the number of the version it published as an output."""
-    main = container(step, MAIN_CONTAINER, images)
+    main = container(step, MAIN_CONTAINER, target.images)
     main["command"] = [*main["command"], "--published-version-file", PUBLISHED_VERSION_FILE]
     return {"name": step.name, "retryStrategy": retry_strategy(step), "container": main,
             "outputs": {"parameters": [
@@ -129,38 +136,60 @@ def rollout_manifest(template: dict) -> dict:
     return json.loads(args[args.index(ROLLOUT_MANIFEST_FLAG) + 1])
 
 
-def dag(steps: list[Step]) -> dict:
-    tasks = []
-    for step in steps:
-        task = {"name": step.name, "template": step.name}
-        if step.depends:
-            task["depends"] = " && ".join(step.depends)
-        if step.name == SERVE:
-            version = f"{{{{tasks.{SELECT}.outputs.parameters.{VERSION_PARAMETER}}}}}"
-            task["arguments"] = {"parameters": [{"name": VERSION_PARAMETER, "value": version}]}
-        tasks.append(task)
-    return {"name": ENTRYPOINT, "dag": {"tasks": tasks}}
+# Step kind -> its template: how the Argo engine runs each kind of step.
+Renderer = Callable[[PipelineConfig, Step, ClusterTarget], dict]
+TEMPLATES: dict[StepKind, Renderer] = {
+    StepKind.INGEST: ingest_template,
+    StepKind.TRAIN: train_template,
+    StepKind.SELECT: select_template,
+    StepKind.SERVE: serve_template,
+}
+
+
+def parameter_names(template: dict, direction: str) -> list[str]:
+    """The names of a template's `inputs` or `outputs` parameters."""
+    return [parameter["name"] for parameter in template.get(direction, {}).get("parameters", [])]
+
+
+def parameter_source(step: Step, name: str, templates: Mapping[str, dict]) -> str:
+    """The one dependency of `step` whose template outputs parameter `name`."""
+    sources = [dependency for dependency in step.depends
+               if name in parameter_names(templates[dependency], "outputs")]
+    if len(sources) != 1:
+        raise PipelineError(f"step {step.name}: input parameter {name!r} is output by "
+                            f"{len(sources)} of its dependencies ({', '.join(step.depends) or 'none'}); "
+                            f"it needs exactly one")
+    return sources[0]
+
+
+def dag_task(step: Step, templates: Mapping[str, dict]) -> dict:
+    task: dict = {"name": step.name, "template": step.name}
+    if step.depends:
+        task["depends"] = " && ".join(step.depends)
+    arguments = [
+        {"name": name,
+         "value": f"{{{{tasks.{parameter_source(step, name, templates)}.outputs.parameters.{name}}}}}"}
+        for name in parameter_names(templates[step.name], "inputs")]
+    if arguments:
+        task["arguments"] = {"parameters": arguments}
+    return task
+
+
+def dag(steps: list[Step], templates: Mapping[str, dict]) -> dict:
+    return {"name": ENTRYPOINT, "dag": {"tasks": [dag_task(step, templates) for step in steps]}}
 
 
 def workflow_template(config: PipelineConfig, target: ClusterTarget = ClusterTarget()) -> dict:
     steps = build_steps(config, CLUSTER_STORAGE_ROOT)
-    templates = [dag(steps)]
-    for step in steps:
-        if step.name == INGEST:
-            templates.append(ingest_template(config, step, target.images, target.argo_version))
-        elif step.name == SELECT:
-            templates.append(select_template(step, target.images))
-        elif step.name == SERVE:
-            templates.append(serve_template(config, step, target))
-        else:
-            templates.append(train_template(config, step, target))
+    require_handlers(steps, TEMPLATES, "argo")
+    templates = {step.name: TEMPLATES[step.kind](config, step, target) for step in steps}
     spec: dict = {
         "entrypoint": ENTRYPOINT,
         "serviceAccountName": config.service_account_name,
         # Pods of a failed run stay for `argo logs`; a successful run's go.
         "podGC": {"strategy": "OnWorkflowSuccess"},
         "volumes": [target.storage.volume()],
-        "templates": templates,
+        "templates": [dag(steps, templates), *templates.values()],
     }
     if config.parallelism:
         spec["parallelism"] = config.parallelism

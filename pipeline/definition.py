@@ -2,14 +2,21 @@
 
 Both engines read these steps: the local engine runs each as processes under a local directory, the
 Argo renderer turns each into a template whose pods see the same layout under the volume's mount.
+Each step says what it is (`StepKind`), and each engine maps a kind to how it runs or renders it, so
+a step is never taken for something else because of its name. `build_steps` orders the steps by
+their dependencies (graphlib): a cycle, a dependency on no step or a name used twice is an error
+here, before any engine sees the pipeline.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import graphlib
 import hashlib
 import json
 import posixpath
+from typing import Iterable, Mapping
 
 from pipeline.config import PipelineConfig, Resources
 from trainer.fashion_mnist import OFFICIAL_MD5
@@ -54,9 +61,23 @@ class Layout:
         return self.path("exports", variant)
 
 
+class PipelineError(ValueError):
+    """The steps do not make a pipeline (a cycle, an unknown dependency or kind); names the step."""
+
+
+class StepKind(enum.Enum):
+    """What a step is, whatever its name: each engine has one handler per kind (argo.TEMPLATES,
+    local.HANDLERS)."""
+    INGEST = "ingest"  # fetches and verifies the dataset
+    TRAIN = "train"  # trains one variant on distributed workers
+    SELECT = "select"  # evaluates the trained variants, publishes the best
+    SERVE = "serve"  # serves the published model
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     name: str
+    kind: StepKind
     image: str  # TRAINER_IMAGE or SERVING_IMAGE
     module: str  # run as `python -m module *args`
     args: tuple[str, ...]
@@ -69,9 +90,49 @@ class Step:
     distributed: bool = False  # replicas get TF_CONFIG, as TFJob workers do
     memoize: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, StepKind):
+            raise PipelineError(f"step {self.name}: kind {self.kind!r} is not a StepKind "
+                                f"({', '.join(kind.value for kind in StepKind)})")
+
     @property
     def command(self) -> list[str]:
         return ["python", "-m", self.module, *self.args]
+
+
+def in_dependency_order(steps: Iterable[Step]) -> list[Step]:
+    """`steps` ordered so that each comes after what it depends on; among steps free to go, the order
+    they were given in (so renders are stable). A cycle, an unknown dependency or a name used twice
+    is a PipelineError."""
+    by_name: dict[str, Step] = {}
+    for step in steps:
+        if step.name in by_name:
+            raise PipelineError(f"step {step.name}: defined twice")
+        by_name[step.name] = step
+    position = {name: index for index, name in enumerate(by_name)}
+    for step in by_name.values():
+        for name in step.depends:
+            if name not in by_name:
+                raise PipelineError(f"step {step.name}: depends on {name!r}, which is no step")
+    sorter = graphlib.TopologicalSorter({step.name: step.depends for step in by_name.values()})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as error:
+        raise PipelineError(f"steps form a cycle: {' -> '.join(error.args[1])}") from None
+    ordered: list[Step] = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=position.__getitem__)
+        ordered.extend(by_name[name] for name in ready)
+        sorter.done(*ready)
+    return ordered
+
+
+def require_handlers(steps: Iterable[Step], handlers: Mapping[StepKind, object], engine: str) -> None:
+    """A PipelineError naming the first step whose kind `engine` has no handler for."""
+    for step in steps:
+        if step.kind not in handlers:
+            raise PipelineError(f"step {step.name}: the {engine} engine cannot run kind "
+                                f"{step.kind.value!r}; give it a handler")
 
 
 def train_step_name(variant: str) -> str:
@@ -102,9 +163,9 @@ def ingest_step(config: PipelineConfig, layout: Layout) -> Step:
     args = ["--source", config.data_source, "--out", layout.data]
     if config.fallback_data_source:
         args += ["--fallback-source", config.fallback_data_source]
-    return Step(name=INGEST, image=TRAINER_IMAGE, module="trainer.ingest", args=tuple(args),
-                inputs=(), outputs=(layout.data,), depends=(), resources=config.step_resources,
-                retries=config.retries, memoize=True)
+    return Step(name=INGEST, kind=StepKind.INGEST, image=TRAINER_IMAGE, module="trainer.ingest",
+                args=tuple(args), inputs=(), outputs=(layout.data,), depends=(),
+                resources=config.step_resources, retries=config.retries, memoize=True)
 
 
 def train_step(config: PipelineConfig, layout: Layout, variant: str) -> Step:
@@ -115,8 +176,8 @@ def train_step(config: PipelineConfig, layout: Layout, variant: str) -> Step:
         args += ["--epochs", str(config.epochs)]
     if config.steps_per_epoch is not None:
         args += ["--steps-per-epoch", str(config.steps_per_epoch)]
-    return Step(name=train_step_name(variant), image=TRAINER_IMAGE, module="trainer.train",
-                args=tuple(args), inputs=(layout.data,),
+    return Step(name=train_step_name(variant), kind=StepKind.TRAIN, image=TRAINER_IMAGE,
+                module="trainer.train", args=tuple(args), inputs=(layout.data,),
                 outputs=(layout.checkpoints(variant), layout.export(variant)), depends=(INGEST,),
                 resources=config.trainer_resources, retries=config.retries,
                 replicas=config.workers, distributed=True, memoize=True)
@@ -126,14 +187,14 @@ def select_step(config: PipelineConfig, layout: Layout) -> Step:
     exports = [layout.export(variant) for variant in config.variants]
     args = ["--candidates", *exports, "--data-dir", layout.data, "--model-repo", layout.models,
             "--model-name", config.model_name, "--releases-dir", layout.releases]
-    return Step(name=SELECT, image=TRAINER_IMAGE, module="trainer.select", args=tuple(args),
-                inputs=(layout.data, *exports), outputs=(layout.models, layout.releases),
+    return Step(name=SELECT, kind=StepKind.SELECT, image=TRAINER_IMAGE, module="trainer.select",
+                args=tuple(args), inputs=(layout.data, *exports), outputs=(layout.models, layout.releases),
                 depends=tuple(train_step_name(v) for v in config.variants),
                 resources=config.step_resources, retries=config.retries, memoize=True)
 
 
 def serve_step(config: PipelineConfig, layout: Layout) -> Step:
-    return Step(name=SERVE, image=SERVING_IMAGE, module="serving.server",
+    return Step(name=SERVE, kind=StepKind.SERVE, image=SERVING_IMAGE, module="serving.server",
                 args=tuple(serve_args(config, layout.models)), inputs=(layout.models,), outputs=(),
                 depends=(SELECT,), resources=config.serving.resources, retries=config.retries)
 
@@ -141,7 +202,7 @@ def serve_step(config: PipelineConfig, layout: Layout) -> Step:
 def build_steps(config: PipelineConfig, root: str) -> list[Step]:
     """Every step in dependency order, its paths under `root`."""
     layout = Layout(root)
-    return [ingest_step(config, layout),
-            *(train_step(config, layout, variant) for variant in config.variants),
-            select_step(config, layout),
-            serve_step(config, layout)]
+    return in_dependency_order([ingest_step(config, layout),
+                                *(train_step(config, layout, variant) for variant in config.variants),
+                                select_step(config, layout),
+                                serve_step(config, layout)])

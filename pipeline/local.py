@@ -10,6 +10,10 @@
   digests of what their inputs came from.
 - Logs: STORAGE_ROOT/logs/<time>-<pid>/<step>/worker-<i>.log; the steps' own WARNING lines are
   repeated on the console. Ctrl-C (SIGINT) or SIGTERM stops every child: `install_stop_handlers`.
+
+How each kind of step runs is its handler in HANDLERS: what its memo key is, what its committed
+outputs hold, or that it is the one step served after the others; a kind without one is an error
+naming the step before anything starts.
 """
 
 from __future__ import annotations
@@ -30,7 +34,15 @@ from typing import Callable, NoReturn, Sequence
 from PIL import Image
 
 from pipeline.config import PipelineConfig
-from pipeline.definition import INGEST, SELECT, SERVE, Layout, Step, build_steps, ingest_memo_key
+from pipeline.definition import (
+    Layout,
+    PipelineError,
+    Step,
+    StepKind,
+    build_steps,
+    ingest_memo_key,
+    require_handlers,
+)
 from serving import client
 from serving.process import running_server
 from trainer import atomic, launch, model_repository
@@ -132,7 +144,21 @@ class LocalRun:
         self.config = config
         self.root = Path(config.storage_root)
         self.layout = Layout(str(self.root))
-        *self.steps, self.serve_step = build_steps(config, str(self.root))  # serve is last
+        steps = build_steps(config, str(self.root))
+        require_handlers(steps, HANDLERS, "local")
+        # The run loop's steps, each with its handler; the one served step runs after them.
+        self.handlers: dict[str, ToCompletion] = {}
+        served = []
+        for step in steps:
+            found = HANDLERS[step.kind]
+            if isinstance(found, ToCompletion):
+                self.handlers[step.name] = found
+            else:
+                served.append(step)
+        if len(served) != 1:
+            raise PipelineError(f"the local engine serves exactly one step, got {len(served)}")
+        self.steps = [step for step in steps if step.name in self.handlers]
+        self.serve_step = served[0]
         self.log_dir = self.root / LOGS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.memo = Memo(self.root / MEMO_DIR)
         self.print = print_line
@@ -146,30 +172,12 @@ class LocalRun:
     # Keys and output digests ------------------------------------------------------------------
 
     def key_of(self, step: Step) -> str:
-        if step.name == INGEST:
-            return ingest_memo_key(self.config)
-        return digest({"command": step.command, "replicas": step.replicas, "code": self.code_digest,
-                       "inputs": {name: self.output_digests[name] for name in step.depends}})
+        return self.handlers[step.name].memo_key(self, step)
 
     def outputs_digest(self, step: Step) -> str | None:
         """What the step's outputs hold now, or None when they are missing or damaged."""
         try:
-            if step.name == INGEST:
-                if not atomic.is_committed(Path(self.layout.data)):
-                    return None
-                manifest = read_manifest(Path(self.layout.data))
-                if any(md5_of(Path(self.layout.data) / name) != manifest["files"][name]["md5"]
-                       for name in FILE_NAMES):
-                    return None
-                return digest(manifest["files"])
-            if step.name == SELECT:
-                version = model_repository.latest_version(Path(self.layout.models), self.config.model_name)
-                selection = self.version_dir(version) / SELECTION_FILE if version else None
-                return digest(selection.read_text()) if selection else None
-            export_dir = Path(step.outputs[-1])
-            if not atomic.is_committed(export_dir):  # a crash while it was written
-                return None
-            return digest((export_dir / METRICS_FILE).read_text())
+            return self.handlers[step.name].outputs_digest(self, step)
         except (OSError, KeyError, ValueError, DatasetError):
             return None
 
@@ -187,7 +195,7 @@ class LocalRun:
                 and all(name in self.outcomes for name in step.depends)]
 
     def try_memo(self, step: Step, key: str) -> bool:
-        max_age = self.config.memoize_max_age_seconds if step.name == INGEST else None
+        max_age = self.config.memoize_max_age_seconds if self.handlers[step.name].expires else None
         entry = self.memo.lookup(step.name, key, max_age)
         if entry is None or entry.get("outputs") is None or entry["outputs"] != self.outputs_digest(step):
             return False
@@ -198,24 +206,15 @@ class LocalRun:
         return True
 
     def start(self, step: Step, number: int = 1) -> None:
-        if number == 1 and step.distributed:
-            self.reset_stale_checkpoints(step)
+        prepare = self.handlers[step.name].prepare
+        if number == 1 and prepare is not None:
+            prepare(self, step)
         argv = [sys.executable, "-m", step.module, *step.args]
         workers = launch.start_replicas(argv, step.replicas, self.log_dir / step.name, step.distributed)
         self.running[step.name] = Attempt(step, workers, number, time.monotonic())
         replicas = f" ({step.replicas} workers)" if step.distributed else ""
         if number == 1:
             self.print(f"{self.elapsed()} {step.name}: started{replicas}")
-
-    def reset_stale_checkpoints(self, step: Step) -> None:
-        """A backup left by an interrupted run resumes only the same training, never another."""
-        checkpoint_dir = Path(step.outputs[0])
-        key_file = checkpoint_dir / CHECKPOINT_KEY_FILE
-        key = self.keys[step.name]
-        if checkpoint_dir.exists() and (not key_file.exists() or key_file.read_text() != key):
-            shutil.rmtree(checkpoint_dir)
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        key_file.write_text(key)
 
     def check(self, attempt: Attempt) -> None:
         step = attempt.step
@@ -268,6 +267,82 @@ class LocalRun:
         return json.loads((version_dir / SELECTION_FILE).read_text()), version_dir
 
 
+# How the local engine runs each kind of step ----------------------------------------------------
+
+StepHook = Callable[[LocalRun, Step], None]
+
+
+def command_key(run: LocalRun, step: Step) -> str:
+    """The step's command, replicas, the trainer's code and the digests of what its inputs came from."""
+    return digest({"command": step.command, "replicas": step.replicas, "code": run.code_digest,
+                   "inputs": {name: run.output_digests[name] for name in step.depends}})
+
+
+def ingest_key(run: LocalRun, step: Step) -> str:
+    """The data source(s) and the dataset's checksums, as Argo's memoize key."""
+    return ingest_memo_key(run.config)
+
+
+def dataset_digest(run: LocalRun, step: Step) -> str | None:
+    """The committed dataset's checksums, None when a file no longer matches its manifest."""
+    data = Path(run.layout.data)
+    if not atomic.is_committed(data):
+        return None
+    manifest = read_manifest(data)
+    if any(md5_of(data / name) != manifest["files"][name]["md5"] for name in FILE_NAMES):
+        return None
+    return digest(manifest["files"])
+
+
+def export_digest(run: LocalRun, step: Step) -> str | None:
+    """The committed export's metrics (its last output), None after a crash while it was written."""
+    export_dir = Path(step.outputs[-1])
+    if not atomic.is_committed(export_dir):
+        return None
+    return digest((export_dir / METRICS_FILE).read_text())
+
+
+def selection_digest(run: LocalRun, step: Step) -> str | None:
+    """The selection record of the latest published version."""
+    version = model_repository.latest_version(Path(run.layout.models), run.config.model_name)
+    selection = run.version_dir(version) / SELECTION_FILE if version else None
+    return digest(selection.read_text()) if selection else None
+
+
+def reset_stale_checkpoints(run: LocalRun, step: Step) -> None:
+    """A backup left by an interrupted run resumes only the same training, never another."""
+    checkpoint_dir = Path(step.outputs[0])
+    key_file = checkpoint_dir / CHECKPOINT_KEY_FILE
+    key = run.keys[step.name]
+    if checkpoint_dir.exists() and (not key_file.exists() or key_file.read_text() != key):
+        shutil.rmtree(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToCompletion:
+    """A step run as processes until they exit, skipped when its memo matches its committed outputs."""
+    outputs_digest: Callable[[LocalRun, Step], str | None]  # may raise OSError, KeyError, ValueError
+    memo_key: Callable[[LocalRun, Step], str] = command_key
+    expires: bool = False  # the memo holds for memoizeMaxAge only, as Argo's memoize.maxAge
+    prepare: StepHook | None = None  # before its first attempt
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """The step served after every other has finished, for one prediction or until Ctrl-C."""
+
+
+# Step kind -> how the local engine runs it.
+HANDLERS: dict[StepKind, ToCompletion | Served] = {
+    StepKind.INGEST: ToCompletion(dataset_digest, memo_key=ingest_key, expires=True),
+    StepKind.TRAIN: ToCompletion(export_digest, prepare=reset_stale_checkpoints),
+    StepKind.SELECT: ToCompletion(selection_digest),
+    StepKind.SERVE: Served(),
+}
+
+
 def warnings_in(workers: Sequence[launch.Worker]) -> list[str]:
     """Our steps' own WARNING lines (a fallback data source, say), which belong on the console."""
     found = []
@@ -301,7 +376,7 @@ def format_table(outcomes: dict[str, Outcome], selection: dict, steps: Sequence[
     accuracy = {c["name"]: c["test_accuracy"] for c in selection["candidates"]}
     lines = [f"{'variant':<16} {'test accuracy':>13} {'train time':>22}  chosen"]
     for step in steps:
-        if not step.distributed:
+        if step.kind is not StepKind.TRAIN:
             continue
         variant = step.args[step.args.index("--model") + 1]
         outcome = outcomes[step.name]
@@ -320,17 +395,18 @@ def run_pipeline(config: PipelineConfig, serve_forever: bool = False,
     print_line(format_table(run.outcomes, selection, run.steps))
     print_line(f"published: {config.model_name} version {selection['version']} ({version_dir})")
 
-    serve_log = run.log_dir / SERVE / "server.log"
+    serve = run.serve_step.name
+    serve_log = run.log_dir / serve / "server.log"
     serve_log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print_line(f"{run.elapsed()} {SERVE}: started")
+    print_line(f"{run.elapsed()} {serve}: started")
     port = config.serving.http_port if serve_forever else None
     image, true_class = example_image(Path(run.layout.data))
     with running_server(run.serve_step.args, config.model_name, serve_log, port=port) as (url, process):
         ready = time.monotonic() - started
         example = example_prediction(url, image, true_class, config.model_name)
-        run.outcomes[SERVE] = Outcome(SERVE, ready, memoized=False)
-        print_line(f"{run.elapsed()} {SERVE}: ready in {ready:.1f}s at {url}; {example}")
+        run.outcomes[serve] = Outcome(serve, ready, memoized=False)
+        print_line(f"{run.elapsed()} {serve}: ready in {ready:.1f}s at {url}; {example}")
         if serve_forever:
             print_line(f"serving {url} until Ctrl-C; try:\n{curl_example(url, config.model_name, image)}")
             process.wait()
