@@ -1,46 +1,121 @@
-"""The pipeline's settings: one typed, validated object for both engines and the Pulumi stacks.
+"""The pipeline's settings: one typed, validated model per section, for both engines and the Pulumi stacks.
 
 The raw form is a mapping of sections, `pipeline` and `serving`, with camelCase keys: the YAML file of
-`python -m pipeline run --config FILE` and the Pulumi stack config (`dist-ml:pipeline`,
-`dist-ml:serving`) are parsed by `parse_config`, so a value means the same thing everywhere. A bad
+`python -m pipeline run --config FILE` (its flags override `pipeline` keys) and the Pulumi stack config
+(`dist-ml:pipeline`, `dist-ml:serving`) are parsed by these models, so a value means the same thing
+everywhere. Each key is declared once, below, with its type, default, constraint and meaning; a bad
 value is a ConfigError naming the key (`pipeline.workers: ...`) before anything starts.
+
+    python -m pipeline.config --schema    # the JSON Schema of the config file, for editors
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import re
+import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from trainer.fashion_mnist import OFFICIAL_MIRROR
 from trainer.variants import VARIANTS
 
 SECTIONS = ("pipeline", "serving")
-RUNTIMES = ("custom", "tensorflow")
-# What KServe's Standard mode scales on (HPA); concurrency and rps need Knative, which the stacks
-# do not install.
-SCALE_METRICS = ("cpu", "memory")
-RESOURCE_NAMES = ("cpu", "memory")
-# Kubernetes quantities as users write them: 500m, 1, 1.5, 2Gi, 512Mi.
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+# Kubernetes quantities as users write them: 500m, 1, 1.5, 2Gi, 512Mi. Our own pattern rather than
+# kubernetes.utils.parse_quantity: that parser is built on Decimal and accepts what the API server
+# refuses ("NaN", "Infinity", " 1", "1_000", True).
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 # Go durations as Argo's memoize.maxAge takes them: 30s, 15m, 24h, 1h30m.
-DURATION = re.compile(r"^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
+DURATION = r"^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$"
 # A Kubernetes object name (DNS-1123 label).
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+NOT_BLANK = r"\S"
+# What a value matching each pattern is, for errors (`must be a DNS-1123 label, got ...`).
+MEANINGS: dict[str, str] = {NOT_BLANK: "a non-empty string"}
 
 
 class ConfigError(ValueError):
     """A setting is missing or wrong; the message starts with its key, e.g. `pipeline.workers`."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Resources:
-    """Kubernetes requests and limits, each {cpu, memory}."""
-    requests: dict[str, str]
-    limits: dict[str, str]
+def fail(message: str, at: str = "") -> PydanticCustomError:
+    """An error of a validator, `at` a key below the one validated (`maxReplicas` in serving)."""
+    return PydanticCustomError("config", message, {"at": at})
+
+
+# --- Value types: the constraints every section's keys share ---------------------------------------
+
+def _integral_float_as_int(value: Any) -> Any:
+    """Pulumi hands structured numbers over as floats: 2.0 means 2 (and 2.5 stays an error)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _int_as_float(value: Any) -> Any:
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# Strict: a bool (an int to Python) or a string of digits is never a number here.
+WholeNumber = Annotated[int, BeforeValidator(_integral_float_as_int), Strict()]
+Number = Annotated[float, BeforeValidator(_int_as_float), Strict(), Field(allow_inf_nan=False)]
+Text = Annotated[str, Strict(), Field(min_length=1, pattern=NOT_BLANK)]
+
+
+def matching(pattern: str, meaning: str) -> Any:
+    """A non-empty string matching `pattern`; an error says it must be `meaning`."""
+    MEANINGS[pattern] = meaning
+    return Annotated[str, Strict(), Field(min_length=1, pattern=pattern)]
+
+
+DnsLabel = matching(DNS_LABEL, "a DNS-1123 label")
+Duration = matching(DURATION, "a duration like 30m, 24h or 1h30m")
+Quantity = Annotated[matching(QUANTITY, "a Kubernetes quantity like 500m, 2 or 4Gi"),
+                     BeforeValidator(lambda value: str(value) if isinstance(value, (int, float))
+                                     and not isinstance(value, bool) else value)]
+
+
+class Section(BaseModel):
+    """One section of settings: camelCase keys, unknown keys are errors, frozen once parsed."""
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel)
+    # How an unknown key is called in errors.
+    UNKNOWN: ClassVar[str] = "unknown setting"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_is_empty(cls, raw: Any) -> Any:
+        return {} if raw is None else raw  # a YAML section with every key commented out
+
+
+# --- Sections --------------------------------------------------------------------------------------
+
+def _cpu_and_memory(amounts: dict[str, str]) -> dict[str, str]:
+    if set(amounts) != {"cpu", "memory"}:
+        raise fail("must set exactly cpu and memory")
+    return amounts
+
+
+Amounts = Annotated[dict[str, Quantity], AfterValidator(_cpu_and_memory)]
+
+
+class Resources(Section):
+    """Kubernetes requests and limits, each {cpu, memory}; given one, a section keeps the other's default."""
+    requests: Amounts = Field(description="what the scheduler reserves: {cpu, memory}")
+    limits: Amounts = Field(description="the most the container may use: {cpu, memory}")
 
     def as_manifest(self) -> dict:
         return {"requests": dict(self.requests), "limits": dict(self.limits)}
@@ -54,211 +129,225 @@ DEFAULT_STEP_RESOURCES = Resources(requests={"cpu": "250m", "memory": "1Gi"},
                                    limits={"cpu": "1", "memory": "2Gi"})
 
 
-@dataclasses.dataclass(frozen=True)
-class ServingConfig:
-    runtime: str = "custom"  # our serving image; "tensorflow" is KServe's TF Serving runtime
-    runtime_version: str | None = None
-    min_replicas: int = 1
-    max_replicas: int = 3
-    scale_metric: str = "cpu"
-    scale_target: int = 80
-    max_batch_size: int = 32
-    max_batch_wait_ms: float = 5.0
-    http_port: int = 8080
-    resources: Resources = DEFAULT_SERVING_RESOURCES
+class WithResources(Section):
+    """A section with Resources keys: a given {requests} or {limits} keeps the other's default."""
 
-
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    variants: tuple[str, ...] = VARIANTS
-    workers: int = 2
-    epochs: int | None = None  # None: the trainer's default rule
-    batch_size_per_replica: int = 16
-    steps_per_epoch: int | None = None  # None: one pass over the training images
-    data_source: str = OFFICIAL_MIRROR
-    fallback_data_source: str | None = None  # used only when data_source is unreachable
-    storage_root: str = "runs/pipeline"  # the local engine's root; pods mount storage elsewhere
-    model_name: str = "fmnist"
-    retries: int = 2  # restarts of a failed step (TFJob backoffLimit, Argo retryStrategy.limit)
-    parallelism: int | None = None  # steps at once; None: no limit, as in Argo
-    memoize_max_age: str = "24h"
-    service_account_name: str = "dist-ml-pipeline"
-    trainer_resources: Resources = DEFAULT_TRAINER_RESOURCES
-    step_resources: Resources = DEFAULT_STEP_RESOURCES  # ingest and select
-    serving: ServingConfig = ServingConfig()
-
-    @property
-    def memoize_max_age_seconds(self) -> int:
-        hours, minutes, seconds = (int(part or 0) for part in DURATION.match(self.memoize_max_age).groups())
-        return hours * 3600 + minutes * 60 + seconds
-
-
-class Section:
-    """Typed reads of one section's keys; every error names `section.key`; unknown keys are errors."""
-
-    def __init__(self, name: str, raw: Any, known: Mapping[str, str]):
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{name}: must be a mapping of settings, got {type(raw).__name__}")
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ConfigError(f"{name}.{unknown[0]}: unknown setting; "
-                              f"known: {', '.join(sorted(known))}")
-        self.name, self.raw = name, raw
-
-    def key(self, key: str) -> str:
-        return f"{self.name}.{key}"
-
-    def fail(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.key(key)}: {problem}")
-
-    def integer(self, key: str, default: int | None, minimum: int) -> int | None:
-        value = self.raw.get(key, default)
-        if value is None and default is None:
-            return None
-        # YAML and Pulumi may give 2.0 for 2; bool is an int in Python but never meant here.
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fail(key, f"must be an integer >= {minimum}, got {value!r}")
+    @field_validator("*", mode="before")
+    @classmethod
+    def _partial_resources(cls, value: Any, info: ValidationInfo) -> Any:
+        default = cls.model_fields[info.field_name].default
+        if isinstance(default, Resources) and isinstance(value, Mapping):
+            return {**default.as_manifest(), **value}
         return value
 
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.raw.get(key, default)
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, got {value!r}")
-        return value
 
-    def number(self, key: str, default: float, minimum: float) -> float:
-        value = self.raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
-            raise self.fail(key, f"must be a number >= {minimum}, got {value!r}")
-        return float(value)
-
-    def text(self, key: str, default: str | None, *, pattern: re.Pattern | None = None,
-             allowed: tuple[str, ...] | None = None, what: str = "") -> str | None:
-        value = self.raw.get(key, default)
-        if value is None and default is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        if allowed is not None and value not in allowed:
-            raise self.fail(key, f"must be one of {', '.join(allowed)}, got {value!r}")
-        if pattern is not None and not pattern.match(value):
-            raise self.fail(key, f"must be {what}, got {value!r}")
-        return value
-
-    def resources(self, key: str, default: Resources) -> Resources:
-        value = self.raw.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, Mapping) or set(value) - {"requests", "limits"}:
-            raise self.fail(key, "must be a mapping with 'requests' and 'limits'")
-        parsed = {}
-        for kind in ("requests", "limits"):
-            amounts = value.get(kind, getattr(default, kind))
-            if not isinstance(amounts, Mapping) or set(amounts) != set(RESOURCE_NAMES):
-                raise self.fail(f"{key}.{kind}", f"must set exactly {' and '.join(RESOURCE_NAMES)}")
-            for name, amount in amounts.items():
-                if not QUANTITY.match(str(amount)):
-                    raise self.fail(f"{key}.{kind}.{name}",
-                                    f"must be a Kubernetes quantity like 500m, 2 or 4Gi, got {amount!r}")
-            parsed[kind] = {name: str(amount) for name, amount in amounts.items()}
-        return Resources(**parsed)
-
-
-PIPELINE_KEYS = {
-    "variants": "which CNN variants to train", "workers": "worker replicas per variant",
-    "epochs": "training epochs", "batchSizePerReplica": "batch size per worker",
-    "stepsPerEpoch": "steps per epoch", "dataSource": "where ingest reads Fashion-MNIST",
-    "fallbackDataSource": "used when dataSource is unreachable",
-    "storageRoot": "the local engine's storage directory", "modelName": "the served model's name",
-    "retries": "restarts of a failed step", "parallelism": "steps running at once",
-    "memoizeMaxAge": "how long a memoized step stays valid",
-    "serviceAccountName": "the pipeline pods' Kubernetes service account",
-    "trainerResources": "requests and limits of each training worker",
-    "stepResources": "requests and limits of ingest and select",
-}
-SERVING_KEYS = {
-    "runtime": "custom or tensorflow", "runtimeVersion": "TF Serving image tag",
-    "minReplicas": "fewest predictor replicas", "maxReplicas": "most predictor replicas",
-    "scaleMetric": "autoscaling metric", "scaleTarget": "autoscaling target per replica",
-    "maxBatchSize": "dynamic batch limit",
-    "maxBatchWaitMs": "dynamic batch wait", "httpPort": "the local server's port",
-    "resources": "predictor requests and limits",
-}
-
-
-def _variants(section: Section) -> tuple[str, ...]:
-    value = section.raw.get("variants", list(VARIANTS))
+def _variant_list(value: Any) -> Any:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not value:
-        raise section.fail("variants", f"must be a non-empty list of {', '.join(VARIANTS)}")
+        raise fail(f"must be a non-empty list of {', '.join(VARIANTS)}")
     for variant in value:
         if variant not in VARIANTS:
-            raise section.fail("variants", f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+            raise fail(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if len(set(value)) != len(value):
-        raise section.fail("variants", f"lists a variant twice: {list(value)}")
+        raise fail(f"lists a variant twice: {list(value)}")
     return tuple(value)
 
 
-def _serving(raw: Any) -> ServingConfig:
-    section = Section("serving", raw, SERVING_KEYS)
-    defaults = ServingConfig()
-    serving = ServingConfig(
-        runtime=section.text("runtime", defaults.runtime, allowed=RUNTIMES),
-        runtime_version=section.text("runtimeVersion", None),
-        min_replicas=section.integer("minReplicas", defaults.min_replicas, 0),
-        max_replicas=section.integer("maxReplicas", defaults.max_replicas, 1),
-        scale_metric=section.text("scaleMetric", defaults.scale_metric, allowed=SCALE_METRICS),
-        scale_target=section.integer("scaleTarget", defaults.scale_target, 1),
-        max_batch_size=section.integer("maxBatchSize", defaults.max_batch_size, 1),
-        max_batch_wait_ms=section.number("maxBatchWaitMs", defaults.max_batch_wait_ms, 0),
-        http_port=section.integer("httpPort", defaults.http_port, 1),
-        resources=section.resources("resources", defaults.resources),
-    )
-    if serving.max_replicas < serving.min_replicas:
-        raise section.fail("maxReplicas", f"must be >= minReplicas ({serving.min_replicas}), "
-                                          f"got {serving.max_replicas}")
-    if serving.runtime_version is not None and serving.runtime != "tensorflow":
-        raise section.fail("runtimeVersion", "applies only to runtime 'tensorflow'")
-    if serving.http_port > 65535:
-        raise section.fail("httpPort", f"must be a port number 1..65535, got {serving.http_port}")
-    return serving
+Variants = Annotated[tuple[Literal[VARIANTS], ...], BeforeValidator(_variant_list)]
+Runtime = Literal["custom", "tensorflow"]
+RUNTIMES = get_args(Runtime)
+# What KServe's Standard mode scales on (HPA); concurrency and rps need Knative, which the stacks
+# do not install.
+ScaleMetric = Literal["cpu", "memory"]
+SCALE_METRICS = get_args(ScaleMetric)
 
+
+class ServingConfig(WithResources):
+    """The `serving` section: the model server, locally and as KServe's predictor."""
+    runtime: Runtime = Field("custom", description="custom (our server) or tensorflow (KServe's TF Serving)")
+    runtime_version: Text | None = Field(None, description="TF Serving image tag; runtime tensorflow only")
+    min_replicas: WholeNumber = Field(1, ge=0, description="fewest predictor replicas")
+    max_replicas: WholeNumber = Field(3, ge=1, description="most predictor replicas (>= minReplicas)")
+    scale_metric: ScaleMetric = Field("cpu", description="what the HPA scales on")
+    scale_target: WholeNumber = Field(
+        80, ge=1, description="autoscaling target per replica (percent of the request)")
+    max_batch_size: WholeNumber = Field(32, ge=1, description="our server's dynamic batch limit")
+    max_batch_wait_ms: Number = Field(5.0, ge=0, description="our server's dynamic batch wait (ms)")
+    http_port: WholeNumber = Field(8080, ge=1, le=65535, description="the local server's port with --serve")
+    resources: Resources = Field(
+        DEFAULT_SERVING_RESOURCES, description="requests and limits per predictor replica")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServingConfig:
+        if self.max_replicas < self.min_replicas:
+            raise fail(f"must be >= minReplicas ({self.min_replicas}), got {self.max_replicas}",
+                       "maxReplicas")
+        if self.runtime_version is not None and self.runtime != "tensorflow":
+            raise fail("applies only to runtime 'tensorflow'", "runtimeVersion")
+        return self
+
+
+class PipelineSettings(WithResources):
+    """The `pipeline` section's keys."""
+    variants: Variants = Field(VARIANTS, description="which CNN variants to train, each once")
+    workers: WholeNumber = Field(
+        2, ge=1, description="worker replicas per variant (processes or TFJob Workers)")
+    epochs: WholeNumber | None = Field(None, ge=1, description="training epochs; default: the trainer's rule")
+    batch_size_per_replica: WholeNumber = Field(16, ge=1, description="batch size per worker")
+    steps_per_epoch: WholeNumber | None = Field(
+        None, ge=1, description="steps per epoch; default: one pass over the training images")
+    data_source: Text = Field(
+        OFFICIAL_MIRROR, description="where ingest reads Fashion-MNIST: URL, directory or tfds")
+    fallback_data_source: Text | None = Field(None, description="used only when dataSource is unreachable")
+    storage_root: Text = Field(
+        "runs/pipeline", description="the local engine's directory (pods mount storage)")
+    model_name: DnsLabel = Field("fmnist", description="the served model's name")
+    retries: WholeNumber = Field(
+        2, ge=0, description="restarts of a failed step (backoffLimit, retryStrategy.limit)")
+    parallelism: WholeNumber | None = Field(
+        None, ge=1, description="steps running at once; default: no limit")
+    memoize_max_age: Duration = Field("24h", description="how long ingest's memo stays valid")
+    service_account_name: DnsLabel = Field(
+        "dist-ml-pipeline", description="the pipeline pods' service account")
+    trainer_resources: Resources = Field(DEFAULT_TRAINER_RESOURCES,
+                                         description="requests and limits of each training worker")
+    step_resources: Resources = Field(
+        DEFAULT_STEP_RESOURCES, description="requests and limits of ingest and select")
+
+    @property
+    def memoize_max_age_seconds(self) -> int:
+        parts = re.match(DURATION, self.memoize_max_age).groups()
+        hours, minutes, seconds = (int(part or 0) for part in parts)
+        return hours * 3600 + minutes * 60 + seconds
+
+
+class PipelineConfig(PipelineSettings):
+    """What the engines read: the `pipeline` section with the `serving` section beside it."""
+    serving: ServingConfig = ServingConfig()
+
+    @classmethod
+    def of(cls, pipeline: PipelineSettings, serving: ServingConfig) -> PipelineConfig:
+        """The two validated sections as one object (nothing to validate again)."""
+        fields = {name: getattr(pipeline, name) for name in PipelineSettings.model_fields}
+        return cls.model_construct(**fields, serving=serving)
+
+
+class ConfigFile(Section):
+    """The config file of `python -m pipeline run --config FILE`."""
+    model_config = ConfigDict(title="dist-ml pipeline config")
+    UNKNOWN: ClassVar[str] = "unknown section"
+    pipeline: PipelineSettings = Field(PipelineSettings(), description="the pipeline's steps and training")
+    serving: ServingConfig = Field(ServingConfig(), description="the model server")
+
+
+# --- Errors: pydantic's, as one line naming the key -------------------------------------------------
+
+def _field(model: type[BaseModel], key: Any) -> Any:
+    return next((field for name, field in model.model_fields.items() if (field.alias or name) == key), None)
+
+
+def _section_in(annotation: Any) -> type[BaseModel] | None:
+    """The section model an annotation holds (directly, optional, or as list items)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, tuple, list, Annotated) or type(annotation).__name__ == "UnionType":
+        for arg in get_args(annotation):
+            found = _section_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def section_at(model: type[BaseModel] | None, loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The section model at a key path below `model` (list indexes pass through), or None."""
+    for key in loc:
+        if model is None:
+            return None
+        if isinstance(key, int):
+            continue
+        field = _field(model, key)
+        model = _section_in(field.annotation) if field is not None else None
+    return model
+
+
+def key_path(loc: Sequence[Any], root: str = "") -> str:
+    path = root
+    for key in loc:
+        path += f"[{key}]" if isinstance(key, int) else f"{'.' if path else ''}{key}"
+    return path
+
+
+def _bound(model: type[BaseModel] | None, key: Any) -> str:
+    field = _field(model, key) if model is not None else None
+    for constraint in (field.metadata if field is not None else ()):
+        if getattr(constraint, "ge", None) is not None:
+            return f" >= {constraint.ge}"
+    return ""
+
+
+def _quoted(expected: str) -> str:
+    return ", ".join(re.findall(r"'([^']*)'", expected)) or expected
+
+
+def _problem(error: dict, model: type[BaseModel] | None) -> str:
+    """What is wrong, in the words the hand-written checks used."""
+    kind, ctx, got = error["type"], error.get("ctx") or {}, error.get("input")
+    loc = error["loc"]
+    parent = section_at(model, loc[:-1])
+    if kind == "config":
+        return error["msg"]
+    if kind == "extra_forbidden":
+        known = sorted((field.alias or name) for name, field in parent.model_fields.items()) if parent else []
+        unknown = parent.UNKNOWN if parent else Section.UNKNOWN
+        return f"{unknown}; known: {', '.join(known)}" if known else unknown
+    if kind == "missing":
+        return "is required"
+    if kind in ("int_type", "int_from_float", "int_parsing"):
+        return f"must be an integer{_bound(parent, loc[-1] if loc else None)}, got {got!r}"
+    if kind in ("float_type", "finite_number", "float_parsing"):
+        return f"must be a number{_bound(parent, loc[-1] if loc else None)}, got {got!r}"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        what = "a number" if isinstance(got, float) else "an integer"
+        bound = f">= {ctx['ge']:g}" if "ge" in ctx else f"<= {ctx['le']:g}"
+        return f"must be {what} {bound}, got {got!r}"
+    if kind == "bool_type":
+        return f"must be true or false, got {got!r}"
+    if kind in ("string_type", "string_too_short"):
+        return f"must be a non-empty string, got {got!r}"
+    if kind == "string_pattern_mismatch":
+        return f"must be {MEANINGS.get(ctx['pattern'], 'like ' + ctx['pattern'])}, got {got!r}"
+    if kind == "literal_error":
+        return f"must be one of {_quoted(ctx['expected'])}, got {got!r}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"must be a mapping of settings, got {type(got).__name__}"
+    if kind in ("tuple_type", "list_type"):
+        return f"must be a list, got {type(got).__name__}"
+    return f"{error['msg'][:1].lower()}{error['msg'][1:]}, got {got!r}"
+
+
+def config_error(error: ValidationError, model: type[BaseModel] | None, root: str = "",
+                 skip: int = 0) -> ConfigError:
+    """The first of pydantic's errors as `key.path: problem`; `skip` leading parts of its location are
+    not keys (a union's tag)."""
+    first = error.errors(include_url=False)[0]
+    loc = tuple(first["loc"][skip:])
+    at = (first.get("ctx") or {}).get("at") if first["type"] == "config" else ""
+    path = key_path((*loc, *([at] if at else [])), root)
+    return ConfigError(f"{path or 'config'}: {_problem({**first, 'loc': loc}, model)}")
+
+
+# --- Parsing --------------------------------------------------------------------------------------
 
 def parse_config(raw: Mapping[str, Any] | None) -> PipelineConfig:
     """The validated config of a raw mapping {pipeline: {...}, serving: {...}}; missing keys default."""
-    raw = raw or {}
-    if not isinstance(raw, Mapping):
+    if raw is not None and not isinstance(raw, Mapping):
         raise ConfigError(f"config: must be a mapping with sections {', '.join(SECTIONS)}")
-    unknown = sorted(set(raw) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section; known: {', '.join(SECTIONS)}")
-    section = Section("pipeline", raw.get("pipeline"), PIPELINE_KEYS)
-    defaults = PipelineConfig()
-    return PipelineConfig(
-        variants=_variants(section),
-        workers=section.integer("workers", defaults.workers, 1),
-        epochs=section.integer("epochs", defaults.epochs, 1),
-        batch_size_per_replica=section.integer("batchSizePerReplica", defaults.batch_size_per_replica, 1),
-        steps_per_epoch=section.integer("stepsPerEpoch", defaults.steps_per_epoch, 1),
-        data_source=section.text("dataSource", defaults.data_source),
-        fallback_data_source=section.text("fallbackDataSource", None),
-        storage_root=section.text("storageRoot", defaults.storage_root),
-        model_name=section.text("modelName", defaults.model_name, pattern=DNS_LABEL, what="a DNS-1123 label"),
-        retries=section.integer("retries", defaults.retries, 0),
-        parallelism=section.integer("parallelism", defaults.parallelism, 1),
-        memoize_max_age=section.text("memoizeMaxAge", defaults.memoize_max_age, pattern=DURATION,
-                                     what="a duration like 30m, 24h or 1h30m"),
-        service_account_name=section.text("serviceAccountName", defaults.service_account_name,
-                                          pattern=DNS_LABEL, what="a DNS-1123 label"),
-        trainer_resources=section.resources("trainerResources", defaults.trainer_resources),
-        step_resources=section.resources("stepResources", defaults.step_resources),
-        serving=_serving(raw.get("serving")),
-    )
+    try:
+        document = ConfigFile.model_validate(raw or {})
+    except ValidationError as error:
+        raise config_error(error, ConfigFile) from None
+    return PipelineConfig.of(document.pipeline, document.serving)
 
 
 def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
@@ -278,3 +367,24 @@ def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -
         if isinstance(pipeline, Mapping):  # else parse_config names the malformed section
             raw["pipeline"] = {**pipeline, **overrides}
     return parse_config(raw)
+
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def config_file_schema() -> dict:
+    """The JSON Schema of the config file (what `--schema` prints)."""
+    return {"$schema": SCHEMA_DIALECT, **ConfigFile.model_json_schema()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["--schema"]:
+        print("usage: python -m pipeline.config --schema", file=sys.stderr)
+        return 2
+    print(json.dumps(config_file_schema(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

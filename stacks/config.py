@@ -1,84 +1,301 @@
 """The stack config, parsed once into typed objects before any resource is declared.
 
-Keys live under the project's namespace (`dist-ml:cluster`, `dist-ml:pipeline`, ...). The
-`pipeline` and `serving` sections are parsed by the pipeline's own parser, so a value means what it
-means to `python -m pipeline run`. A bad or inapplicable value is a ConfigError naming the key.
+Keys live under the project's namespace (`dist-ml:cluster`, `dist-ml:pipeline`, ...), plus the Google
+provider's `gcp:project` and `gcp:region` on gke. Each section is a model below (or, for `pipeline` and
+`serving`, the pipeline's own, pipeline/config.py, so a value means what it means to `python -m pipeline
+run`); each key is declared once with its type, default, constraint and meaning. `cluster.kind` picks
+the stack model (K3dStack, GkeStack): a key of another kind, or a bad value, is a ConfigError naming it.
+
+    python -m stacks.config --schema    # the JSON Schema of Pulumi.<stack>.yaml, for editors
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
-from typing import Any, Mapping
+import sys
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence, Union, get_args
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Strict,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from pipeline.argo import SUPPORTED_ARGO_VERSION
-from pipeline.config import DNS_LABEL, QUANTITY, ConfigError, PipelineConfig, Section, parse_config
+from pipeline.config import (
+    SCHEMA_DIALECT,
+    ConfigError,
+    DnsLabel,
+    PipelineConfig,
+    PipelineSettings,
+    Quantity,
+    Section,
+    ServingConfig,
+    Text,
+    WholeNumber,
+    config_error,
+    fail,
+    key_path,
+    matching,
+    section_at,
+)
 from pipeline.manifests import DEFAULT_ARGO_VERSION
 
 PROJECT = "dist-ml"
-CLUSTER_KINDS = ("k3d", "gke")
-ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany")
-VERSION = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+$")
-K3S_IMAGE = re.compile(r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$")
-# Keys of the shared sections that only the local engine reads.
-LOCAL_ENGINE_ONLY = {"pipeline": ("storageRoot",), "serving": ("httpPort",)}
-TOP_LEVEL = ("namespace", "cluster", "platform", "storage", "monitoring", "pipeline", "serving")
+K3S_IMAGE = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
+# Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
+GCP_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
+# Well-formed ids that only ever appear in examples: caught now rather than by the first API call.
+PLACEHOLDER_PROJECTS = ("my-gcp-project", "my-project", "my-project-id", "your-project", "your-project-id",
+                        "project-id", "gcp-project", "example-project")
+PROJECT_RULE = "your GCP project id (6-30 of a-z, 0-9 and -, a letter first)"
+SET_PROJECT = "pulumi config set --stack gke gcp:project ..."
+
+Flag = Annotated[bool, Strict()]
+Port = Annotated[WholeNumber, Field(ge=1, le=65535)]
+ReleaseTag = matching(r"^v[0-9]+\.[0-9]+\.[0-9]+$", "a release tag like v1.2.3")
+ArgoRelease = matching(SUPPORTED_ARGO_VERSION.pattern, "an Argo Workflows release v3.x.y or v4.x.y")
+ChartVersion = matching(r"^[0-9]+\.[0-9]+\.[0-9]+$", "a chart version like 80.4.1")
+K3sImage = matching(K3S_IMAGE, "a rancher/k3s image like rancher/k3s:v1.33.4-k3s1")
+GcpProject = matching(GCP_PROJECT, PROJECT_RULE)
+GcpRegion = matching(r"^[a-z]+-[a-z]+[0-9]+$", "a GCP region like us-central1")  # northamerica-northeast1
+GcpLocation = matching(r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$",
+                       "a region like us-central1 or a zone like us-central1-a")
+# At most 24 characters: the nodes' service account is `<name>-nodes`, and account ids stop at 30.
+GkeClusterName = matching(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$",
+                          "a GKE cluster name: 1-24 of a-z, 0-9 and -, a letter first")
+GcsBucket = matching(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$", "a bucket name (3-63 of a-z, 0-9, - and _)")
+KubernetesVersion = matching(r"^1\.[0-9]+$", "a version like 1.33")
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany"]
+ACCESS_MODES = get_args(AccessMode)
+ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE"]
+RELEASE_CHANNELS = get_args(ReleaseChannel)
+TrainingPool = Literal["cpu", "spot", "gpu"]
+TRAINING_POOLS = get_args(TrainingPool)  # from the plainest to the most specialised
 
 
-@dataclasses.dataclass(frozen=True)
-class PortMapping:
-    host: int
-    container: int
+# --- Sections every stack has -----------------------------------------------------------------------
+
+class PlatformConfig(Section):
+    """The `platform` section: what runs the pipeline and serving on the cluster."""
+    training_operator_version: ReleaseTag = Field(
+        "v1.9.4", description="Kubeflow training operator v1 (TFJob)")
+    argo_version: ArgoRelease = Field(DEFAULT_ARGO_VERSION, description="Argo Workflows release")
+    cert_manager_version: ReleaseTag = Field(
+        "v1.17.0", description="cert-manager (what KServe v0.20 documents)")
+    kserve_version: ReleaseTag = Field("v0.20.0", description="KServe charts (Standard mode)")
 
 
-@dataclasses.dataclass(frozen=True)
-class K3dConfig:
-    name: str = "dist-ml"
+class MonitoringConfig(Section):
+    """The `monitoring` section: kube-prometheus-stack, the monitors and the dist-ml dashboard."""
+    enabled: Flag = Field(False, description="install monitoring (default: false on k3d, true on gke)")
+    kube_prometheus_stack_version: ChartVersion = Field("80.4.1", description="kube-prometheus-stack chart")
+
+
+class GkeMonitoring(MonitoringConfig):
+    enabled: Flag = Field(True, description="install monitoring (default: false on k3d, true on gke)")
+
+
+def _drop_keys(schema: dict, keys: Sequence[str]) -> None:
+    for key in keys:
+        schema["properties"].pop(key, None)
+
+
+class OnAStack(Section):
+    """A shared section on a cluster stack, where the local engine's own keys are errors."""
+    LOCAL_ENGINE_ONLY: ClassVar[tuple[str, ...]] = ()
+    model_config = ConfigDict(
+        json_schema_extra=lambda schema, model: _drop_keys(schema, model.LOCAL_ENGINE_ONLY))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_the_local_engines(cls, raw: Any) -> Any:
+        for key in cls.LOCAL_ENGINE_ONLY:
+            if isinstance(raw, Mapping) and key in raw:
+                raise fail("applies only to the local engine (`python -m pipeline run`), "
+                           "not to a cluster stack", key)
+        return raw
+
+
+class StackPipeline(OnAStack, PipelineSettings):
+    """The `pipeline` section on a stack."""
+    LOCAL_ENGINE_ONLY: ClassVar[tuple[str, ...]] = ("storageRoot",)
+    run_on_up: Flag = Field(False, description="also submit one Workflow run on `pulumi up`")
+
+
+class StackServing(OnAStack, ServingConfig):
+    """The `serving` section on a stack."""
+    LOCAL_ENGINE_ONLY: ClassVar[tuple[str, ...]] = ("httpPort",)
+
+
+# --- k3d --------------------------------------------------------------------------------------------
+
+class PortMapping(Section):
+    host: Port = Field(description="port on this machine")
+    container: Port = Field(description="port of k3d's load balancer (k3s's Traefik ingress: 80)")
+
+
+class K3dConfig(Section):
+    """The `cluster` section of a k3d cluster on this machine."""
+    kind: Literal["k3d"] = Field(description="the stack's cluster")
+    name: DnsLabel = Field("dist-ml", description="k3d cluster name (kubectl context k3d-<name>)")
     # One server, no agents: local-path volumes are ReadWriteOnce on one node, and every
     # pipeline pod shares the one storage volume, so all of them must run on that node.
-    servers: int = 1
-    agents: int = 0
-    k3s_image: str = "rancher/k3s:v1.33.4-k3s1"
-    ports: tuple[PortMapping, ...] = (PortMapping(host=8088, container=80),)
+    servers: WholeNumber = Field(1, ge=1, description="k3s servers")
+    agents: WholeNumber = Field(0, ge=0, description="k3s agents; > 0 needs storage.accessMode ReadWriteMany")
+    k3s_image: K3sImage = Field(
+        "rancher/k3s:v1.33.4-k3s1", alias="k3sImage", description="k3s image; sets the Kubernetes version")
+    ports: tuple[PortMapping, ...] = Field((PortMapping(host=8088, container=80),),
+                                           description="host port -> k3d load balancer port")
 
     @property
     def kubernetes_version(self) -> str:
-        match = K3S_IMAGE.match(self.k3s_image)
-        return f"{match['major']}.{match['minor']}"
+        major, minor = self.k3s_image.removeprefix("rancher/k3s:v").split(".")[:2]
+        return f"{major}.{minor}"
 
 
-@dataclasses.dataclass(frozen=True)
-class PlatformConfig:
-    training_operator_version: str = "v1.9.4"
-    argo_version: str = DEFAULT_ARGO_VERSION
-    cert_manager_version: str = "v1.17.0"  # what KServe v0.20's install docs name
-    kserve_version: str = "v0.20.0"
+class StorageConfig(Section):
+    """The `storage` section of a k3d cluster: its PVC."""
+    size: Quantity = Field("10Gi", description="the PVC holding data, checkpoints, exports and models")
+    access_mode: AccessMode = Field("ReadWriteOnce", description="ReadWriteOnce or ReadWriteMany")
+    storage_class: Text = Field("local-path", description="storage class (k3s's local-path provisioner)")
 
 
-@dataclasses.dataclass(frozen=True)
-class NodePoolConfig:
-    machine_type: str
-    min_nodes: int
-    max_nodes: int
-    accelerator_type: str | None = None
-    accelerator_count: int = 0
+# --- GKE --------------------------------------------------------------------------------------------
+
+MachineType = Annotated[Text, Field(description="Compute Engine machine type of the pool's nodes")]
+MinNodes = Annotated[WholeNumber, Field(
+    ge=0, description="fewest nodes, in total across the location's zones")]
+MaxNodes = Annotated[WholeNumber, Field(ge=1, description="most nodes, in total (>= minNodes)")]
+AcceleratorType = Annotated[Text, Field(description="GPU type of each node (gpu pool only)")]
+AcceleratorCount = Annotated[WholeNumber, Field(ge=0, description="GPUs per node (gpu pool only)")]
+ACCELERATOR_KEYS = ("acceleratorType", "acceleratorCount")
 
 
-@dataclasses.dataclass(frozen=True)
-class GkeConfig:
-    name: str = "dist-ml"
-    location: str = ""  # a region (regional cluster) or a zone (zonal); default: gcp:region
-    release_channel: str = "REGULAR"
-    deletion_protection: bool = True
-    kubernetes_version: str = "1.33"  # what the rendered objects are validated against
-    cpu_pool: NodePoolConfig = NodePoolConfig("e2-standard-4", 1, 5)
-    spot_pool: NodePoolConfig | None = None  # preemptible capacity for training
-    gpu_pool: NodePoolConfig | None = None
-    training_pool: str = "cpu"  # where TFJob pods run: one of TRAINING_POOLS, an existing pool
+class NodePoolConfig(Section):
+    """A GKE node pool; as declared here, the cpu pool: always there, untainted, never scaled to zero
+    (system pods and the platform run only there)."""
+    OPTIONAL: ClassVar[bool] = False
+    ACCELERATED: ClassVar[bool] = False
+    machine_type: MachineType = "e2-standard-4"
+    min_nodes: MinNodes = 1
+    max_nodes: MaxNodes = 5
+    accelerator_type: AcceleratorType | None = None
+    accelerator_count: AcceleratorCount = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_of_this_pool(cls, raw: Any) -> Any:
+        if not isinstance(raw, Mapping):
+            return raw
+        if not cls.OPTIONAL and "enabled" in raw:
+            raise fail("the CPU pool always exists", "enabled")
+        if cls.OPTIONAL and raw.get("enabled", False) is False and set(raw) - {"enabled"}:
+            raise fail("is false, so the pool's other settings do nothing; set enabled: true or remove them",
+                       "enabled")
+        given = [key for key in ACCELERATOR_KEYS if key in raw]
+        if given and not cls.ACCELERATED:
+            raise fail("accelerators belong in nodePools.gpu", given[0])
+        return raw
+
+    @model_validator(mode="after")
+    def _sizes(self) -> NodePoolConfig:
+        if not self.OPTIONAL and self.min_nodes < 1:
+            raise fail("must be >= 1: system pods and the platform run only on the cpu pool (the spot and "
+                       "gpu pools are tainted for training), so it cannot scale to zero; "
+                       f"got {self.min_nodes}",
+                       "minNodes")
+        if self.max_nodes < self.min_nodes:
+            raise fail(f"must be >= minNodes ({self.min_nodes}), got {self.max_nodes}", "maxNodes")
+        if self.ACCELERATED and self.accelerator_count < 1:
+            raise fail("must be >= 1 for a GPU pool", "acceleratorCount")
+        return self
+
+
+class SpotPool(NodePoolConfig):
+    """Spot VMs: cheaper, preemptible capacity, tainted for training only."""
+    OPTIONAL: ClassVar[bool] = True
+    enabled: Flag = Field(False, description="declare this pool")
+    machine_type: MachineType = "e2-standard-8"
+    min_nodes: MinNodes = 0
+    max_nodes: MaxNodes = 3
+
+
+class GpuPool(SpotPool):
+    """Nodes with GPUs, tainted (GKE's nvidia.com/gpu) for training only."""
+    ACCELERATED: ClassVar[bool] = True
+    machine_type: MachineType = "n1-standard-4"
+    accelerator_type: AcceleratorType | None = "nvidia-tesla-t4"
+    accelerator_count: AcceleratorCount = 1
+
+
+class NodePools(Section):
+    cpu: NodePoolConfig = Field(
+        NodePoolConfig(), description="always present: system pods, platform, serving")
+    spot: SpotPool = Field(SpotPool(), description="optional spot pool for training")
+    gpu: GpuPool = Field(GpuPool(), description="optional GPU pool for training")
+
+
+class GkeConfig(Section):
+    """The `cluster` section of a GKE cluster."""
+    kind: Literal["gke"] = Field(description="the stack's cluster")
+    name: GkeClusterName = Field("dist-ml", description="GKE cluster name")
+    location: GcpLocation | None = Field(
+        None, description="a region (regional cluster) or zone; default gcp:region")
+    release_channel: ReleaseChannel = Field("REGULAR", description="GKE release channel")
+    deletion_protection: Flag = Field(
+        True, description="`pulumi destroy` refuses to delete the cluster while true")
+    kubernetes_version: KubernetesVersion = Field(
+        "1.33", description="what the rendered objects are validated against")
+    node_pools: NodePools = Field(
+        NodePools(), description="the cpu pool, and the optional spot and gpu pools")
+    requested_training_pool: TrainingPool | None = Field(
+        None, alias="trainingPool",
+        description="where TFJob pods run, an enabled pool; default: gpu if enabled, else spot if enabled, "
+                    "else cpu")
+
+    @property
+    def cpu_pool(self) -> NodePoolConfig:
+        return self.node_pools.cpu
+
+    @property
+    def spot_pool(self) -> SpotPool | None:  # preemptible capacity for training
+        return self.node_pools.spot if self.node_pools.spot.enabled else None
+
+    @property
+    def gpu_pool(self) -> GpuPool | None:
+        return self.node_pools.gpu if self.node_pools.gpu.enabled else None
 
     def pool(self, name: str) -> NodePoolConfig | None:
         return {"cpu": self.cpu_pool, "spot": self.spot_pool, "gpu": self.gpu_pool}[name]
+
+    @property
+    def training_pool(self) -> str:
+        """The pool of TFJob pods: the one named, else the most specialised capacity the stack pays for."""
+        return self.requested_training_pool or next(
+            name for name in reversed(TRAINING_POOLS) if self.pool(name) is not None)
+
+    @model_validator(mode="after")
+    def _training_pool_exists(self) -> GkeConfig:
+        name = self.requested_training_pool
+        if name is not None and self.pool(name) is None:
+            raise fail(f"{name} needs cluster.nodePools.{name}.enabled: true; enable that pool or choose one "
+                       "that exists", "trainingPool")
+        return self
+
+
+class GcsConfig(Section):
+    """The `storage` section of a GKE cluster: its bucket."""
+    bucket_name: GcsBucket | None = Field(None, description="the bucket; default <gcp:project>-dist-ml")
+    checkpoint_retention_days: WholeNumber = Field(
+        30, ge=1, description="objects under checkpoints/ (and old versions) are deleted after this")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,30 +304,84 @@ class GcpConfig:
     region: str
 
 
-@dataclasses.dataclass(frozen=True)
-class StorageConfig:
-    """The PVC of a k3d cluster."""
-    size: str = "10Gi"
-    access_mode: str = "ReadWriteOnce"
-    storage_class: str = "local-path"  # k3s's provisioner
+# --- One model per cluster kind ---------------------------------------------------------------------
+
+class StackSettings(Section):
+    """The settings every stack has; a subclass per cluster kind adds its cluster and storage."""
+    PROVIDER: ClassVar[str] = ""  # the cloud provider's config namespace, whose other keys are its own
+    namespace: DnsLabel = Field(
+        "dist-ml", description="where the pipeline, its storage and the model server live")
+    platform: PlatformConfig = Field(PlatformConfig(), description="the platform's versions")
+    monitoring: MonitoringConfig = Field(
+        MonitoringConfig(), description="Prometheus, Grafana and the dashboard")
+    pipeline: StackPipeline = Field(
+        StackPipeline(), description="as in the pipeline's config file, + runOnUp")
+    serving: StackServing = Field(StackServing(), description="as in the pipeline's config file")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _providers_own_keys(cls, raw: Any) -> Any:
+        """The provider reads its other keys (gcp:zone, ...) itself; they are not ours to check."""
+        if not isinstance(raw, Mapping) or not cls.PROVIDER:
+            return raw
+        ours = {field.alias for field in cls.model_fields.values()}
+        return {key: value for key, value in raw.items()
+                if key in ours or not str(key).startswith(f"{cls.PROVIDER}:")}
 
 
-@dataclasses.dataclass(frozen=True)
-class GcsConfig:
-    """The bucket of a GKE cluster."""
-    bucket_name: str
-    checkpoint_retention_days: int = 30  # older objects under checkpoints/ are deleted
+class K3dStack(StackSettings):
+    """A stack on a k3d cluster."""
+    cluster: K3dConfig = Field(description="the k3d cluster")
+    storage: StorageConfig = Field(StorageConfig(), description="the PVC every pipeline pod mounts")
+
+    @model_validator(mode="after")
+    def _one_node_or_shared_storage(self) -> K3dStack:
+        if self.cluster.agents > 0 and self.storage.access_mode != "ReadWriteMany":
+            raise fail("pods on several nodes share the storage volume, which needs storage.accessMode "
+                       "ReadWriteMany and a storage.storageClass that provides it (k3s's local-path is "
+                       "ReadWriteOnce); keep agents 0 otherwise", "cluster.agents")
+        return self
 
 
-@dataclasses.dataclass(frozen=True)
-class MonitoringConfig:
-    enabled: bool
-    kube_prometheus_stack_version: str = "80.4.1"
+class GkeStack(StackSettings):
+    """A stack on a GKE cluster."""
+    PROVIDER: ClassVar[str] = "gcp"
+    gcp_project: GcpProject | None = Field(None, alias="gcp:project", description=f"required: {PROJECT_RULE}")
+    gcp_region: GcpRegion | None = Field(
+        None, alias="gcp:region", description="required: the region of everything")
+    cluster: GkeConfig = Field(description="the GKE cluster")
+    storage: GcsConfig = Field(GcsConfig(), description="the bucket every pipeline pod mounts")
+    monitoring: GkeMonitoring = Field(GkeMonitoring(), description="Prometheus, Grafana and the dashboard")
+
+    @model_validator(mode="after")
+    def _project_and_region(self) -> GkeStack:
+        for key, value in (("gcp:project", self.gcp_project), ("gcp:region", self.gcp_region)):
+            if value is None:
+                raise fail(f"is required on the gke stack (pulumi config set {key} ...)", key)
+        if self.gcp_project in PLACEHOLDER_PROJECTS:
+            raise fail(f"must be {PROJECT_RULE}, got {self.gcp_project!r}; {SET_PROJECT}", "gcp:project")
+        return self
+
+
+STACKS: dict[str, type[StackSettings]] = {"k3d": K3dStack, "gke": GkeStack}
+CLUSTER_KINDS = tuple(STACKS)
+
+
+def _cluster_kind(raw: Any) -> str | None:
+    cluster = raw.get("cluster") if isinstance(raw, Mapping) else getattr(raw, "cluster", None)
+    kind = cluster.get("kind") if isinstance(cluster, Mapping) else getattr(cluster, "kind", None)
+    return kind if isinstance(kind, str) else None
+
+
+AnyStack = Annotated[Union[tuple(Annotated[model, Tag(kind)] for kind, model in STACKS.items())],
+                     Discriminator(_cluster_kind)]
+STACK_SETTINGS: TypeAdapter[StackSettings] = TypeAdapter(AnyStack)
 
 
 @dataclasses.dataclass(frozen=True)
 class StackConfig:
-    cluster_kind: str
+    """What the stack program reads: the validated sections, with the defaults that come from other
+    sections filled in (cluster.location and storage.bucketName from gcp:)."""
     namespace: str
     cluster: K3dConfig | GkeConfig
     platform: PlatformConfig
@@ -120,255 +391,124 @@ class StackConfig:
     run_on_up: bool
     gcp: GcpConfig | None = None  # gke only
 
-
-K3D_KEYS = {"servers": "", "agents": "", "k3sImage": "", "ports": ""}
-GKE_KEYS = {"location": "", "releaseChannel": "", "deletionProtection": "", "kubernetesVersion": "",
-            "nodePools": "", "trainingPool": "cpu, spot or gpu: the node pool of the TFJob pods"}
-CLUSTER_KEYS = {"kind": "k3d or gke", "name": "cluster name", **K3D_KEYS, **GKE_KEYS}
-PLATFORM_KEYS = {"trainingOperatorVersion": "", "argoVersion": "", "certManagerVersion": "",
-                 "kserveVersion": ""}
-PVC_KEYS = {"size": "", "accessMode": "", "storageClass": ""}
-GCS_KEYS = {"bucketName": "", "checkpointRetentionDays": ""}
-STORAGE_KEYS = {**PVC_KEYS, **GCS_KEYS}
-MONITORING_KEYS = {"enabled": "", "kubePrometheusStackVersion": ""}
-NODE_POOL_KEYS = {"enabled": "", "machineType": "", "minNodes": "", "maxNodes": "", "acceleratorType": "",
-                  "acceleratorCount": ""}
-RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
-GCP_KEYS = ("project", "region")
-# Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
-GCP_PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-# Well-formed ids that only ever appear in examples: caught now rather than by the first API call.
-PLACEHOLDER_PROJECTS = ("my-gcp-project", "my-project", "my-project-id", "your-project", "your-project-id",
-                        "project-id", "gcp-project", "example-project")
-GCP_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-central1, northamerica-northeast1
-GCP_LOCATION = re.compile(r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$")  # a region, or a zone like us-central1-a
-# At most 24 characters: the nodes' service account is `<name>-nodes`, and account ids stop at 30.
-GKE_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$")
-TRAINING_POOLS = ("cpu", "spot", "gpu")
-GCS_BUCKET = re.compile(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$")
-KUBERNETES_VERSION = re.compile(r"^1\.[0-9]+$")
+    @property
+    def cluster_kind(self) -> str:
+        return self.cluster.kind
 
 
-def _not_for(section: Section, keys: Mapping[str, str], kind: str) -> None:
-    """Keys of the other cluster kind are errors, not silently ignored."""
-    for key in keys:
-        if key in section.raw:
-            raise section.fail(key, f"does not apply to cluster.kind {kind}")
+def _stack_config(settings: StackSettings) -> StackConfig:
+    cluster, storage, gcp = settings.cluster, settings.storage, None
+    if isinstance(settings, GkeStack):
+        gcp = GcpConfig(project=settings.gcp_project, region=settings.gcp_region)
+        if cluster.location is None:
+            cluster = cluster.model_copy(update={"location": gcp.region})
+        if storage.bucket_name is None:
+            storage = storage.model_copy(update={"bucket_name": f"{gcp.project}-{PROJECT}"})
+    serving = ServingConfig.model_construct(**{name: getattr(settings.serving, name)
+                                               for name in ServingConfig.model_fields})
+    return StackConfig(namespace=settings.namespace, cluster=cluster, platform=settings.platform,
+                       storage=storage, monitoring=settings.monitoring,
+                       pipeline=PipelineConfig.of(settings.pipeline, serving),
+                       run_on_up=settings.pipeline.run_on_up, gcp=gcp)
 
 
-def _ports(section: Section) -> tuple[PortMapping, ...]:
-    raw = section.raw.get("ports")
-    if raw is None:
-        return K3dConfig.ports
-    if not isinstance(raw, list):
-        raise section.fail("ports", "must be a list of {host, container}")
-    ports = []
-    for index, entry in enumerate(raw):
-        port = Section(f"{section.key('ports')}[{index}]", entry, {"host": "", "container": ""})
-        host, container = port.integer("host", None, 1), port.integer("container", None, 1)
-        if host is None or container is None or max(host, container) > 65535:
-            raise section.fail(f"ports[{index}]", "must have host and container ports in 1..65535")
-        ports.append(PortMapping(host, container))
-    return tuple(ports)
+def _stack_error(error: ValidationError, raw: Mapping[str, Any]) -> ConfigError:
+    """A stack error as `key.path: problem`: the kind's tag dropped, a key of another kind said so."""
+    first = error.errors(include_url=False)[0]
+    if first["type"] == "union_tag_invalid":
+        tag = first["ctx"]["tag"]
+        return ConfigError(f"cluster.kind: must be one of {', '.join(CLUSTER_KINDS)}, got {tag!r}")
+    if first["type"] == "union_tag_not_found":
+        cluster = raw.get("cluster")
+        if cluster is not None and not isinstance(cluster, Mapping):
+            return ConfigError(f"cluster: must be a mapping of settings, got {type(cluster).__name__}")
+        return ConfigError(f"cluster.kind: is required: one of {', '.join(CLUSTER_KINDS)}")
+    kind, loc = first["loc"][0], first["loc"][1:]
+    if first["type"] == "extra_forbidden":
+        others = [other for other, model in STACKS.items() if other != kind and (
+            _has_key(section_at(model, loc[:-1]), loc[-1])
+            or str(loc[-1]).partition(":")[0] == model.PROVIDER)]
+        if others:
+            problem = (f"applies only to cluster.kind {', '.join(others)}" if len(loc) == 1
+                       else f"does not apply to cluster.kind {kind}")
+            return ConfigError(f"{key_path(loc)}: {problem}")
+    return config_error(error, STACKS[kind], skip=1)
 
 
-def _k3d(section: Section) -> K3dConfig:
-    _not_for(section, GKE_KEYS, "k3d")
-    defaults = K3dConfig()
-    return K3dConfig(
-        name=section.text("name", defaults.name, pattern=DNS_LABEL, what="a DNS-1123 label"),
-        servers=section.integer("servers", defaults.servers, 1),
-        agents=section.integer("agents", defaults.agents, 0),
-        k3s_image=section.text("k3sImage", defaults.k3s_image, pattern=K3S_IMAGE,
-                               what="a rancher/k3s image like rancher/k3s:v1.33.4-k3s1"),
-        ports=_ports(section),
-    )
-
-
-def _node_pool(parent: Section, name: str, default: NodePoolConfig | None,
-               accelerated: bool = False) -> NodePoolConfig | None:
-    section = Section(parent.key(name), parent.raw.get(name), NODE_POOL_KEYS)
-    optional = default is None
-    if optional and not section.flag("enabled", False):
-        if set(section.raw) - {"enabled"}:
-            raise section.fail("enabled", "is false, so the pool's other settings do nothing; "
-                                          "set enabled: true or remove them")
-        return None
-    if not optional and "enabled" in section.raw:
-        raise section.fail("enabled", "the CPU pool always exists")
-    base = default or NodePoolConfig("e2-standard-8" if not accelerated else "n1-standard-4", 0, 3)
-    pool = NodePoolConfig(
-        machine_type=section.text("machineType", base.machine_type),
-        min_nodes=section.integer("minNodes", base.min_nodes, 0),
-        max_nodes=section.integer("maxNodes", base.max_nodes, 1),
-        accelerator_type=section.text("acceleratorType", "nvidia-tesla-t4" if accelerated else None),
-        accelerator_count=section.integer("acceleratorCount", 1 if accelerated else 0, 0),
-    )
-    if not optional and pool.min_nodes < 1:
-        raise section.fail("minNodes", "must be >= 1: system pods and the platform run only on the cpu pool "
-                                       "(the spot and gpu pools are tainted for training), so it cannot "
-                                       f"scale to zero; got {pool.min_nodes}")
-    if pool.max_nodes < pool.min_nodes:
-        raise section.fail("maxNodes", f"must be >= minNodes ({pool.min_nodes}), got {pool.max_nodes}")
-    if not accelerated and ("acceleratorType" in section.raw or "acceleratorCount" in section.raw):
-        raise section.fail("acceleratorType", "accelerators belong in nodePools.gpu")
-    if accelerated and pool.accelerator_count < 1:
-        raise section.fail("acceleratorCount", "must be >= 1 for a GPU pool")
-    return pool
-
-
-def _gke(section: Section, gcp: GcpConfig) -> GkeConfig:
-    _not_for(section, K3D_KEYS, "gke")
-    defaults = GkeConfig()
-    pools = Section(section.key("nodePools"), section.raw.get("nodePools"),
-                    {"cpu": "", "spot": "", "gpu": ""})
-    cluster = GkeConfig(
-        name=section.text("name", defaults.name, pattern=GKE_CLUSTER_NAME,
-                          what="a GKE cluster name: 1-24 of a-z, 0-9 and -, a letter first"),
-        location=section.text("location", gcp.region, pattern=GCP_LOCATION,
-                              what="a region like us-central1 or a zone like us-central1-a"),
-        release_channel=section.text("releaseChannel", defaults.release_channel, allowed=RELEASE_CHANNELS),
-        deletion_protection=section.flag("deletionProtection", defaults.deletion_protection),
-        kubernetes_version=section.text("kubernetesVersion", defaults.kubernetes_version,
-                                        pattern=KUBERNETES_VERSION, what="a version like 1.33"),
-        cpu_pool=_node_pool(pools, "cpu", defaults.cpu_pool),
-        spot_pool=_node_pool(pools, "spot", None),
-        gpu_pool=_node_pool(pools, "gpu", None, accelerated=True),
-    )
-    return dataclasses.replace(cluster, training_pool=_training_pool(section, cluster))
-
-
-def _training_pool(section: Section, cluster: GkeConfig) -> str:
-    """The pool named by trainingPool, which must exist; by default the GPU pool, else the spot pool,
-    else the cpu pool: the most specialised capacity the stack pays for."""
-    default = next(name for name in reversed(TRAINING_POOLS) if cluster.pool(name) is not None)
-    name = section.text("trainingPool", default, allowed=TRAINING_POOLS)
-    if cluster.pool(name) is None:
-        raise section.fail("trainingPool", f"{name} needs cluster.nodePools.{name}.enabled: true; "
-                                           f"enable that pool or choose one that exists")
-    return name
-
-
-def _gcp(kind: str, raw: Mapping[str, Any]) -> GcpConfig | None:
-    given = {key.partition(":")[2]: value for key, value in raw.items() if key.startswith("gcp:")}
-    if kind != "gke":
-        if given:
-            raise ConfigError(f"gcp:{sorted(given)[0]}: applies only to cluster.kind gke")
-        return None
-    for key in GCP_KEYS:
-        if not isinstance(given.get(key), str) or not given[key]:
-            raise ConfigError(f"gcp:{key}: is required on the gke stack (pulumi config set gcp:{key} ...)")
-    project, region = given["project"], given["region"]
-    if not GCP_PROJECT.match(project) or project in PLACEHOLDER_PROJECTS:
-        raise ConfigError(f"gcp:project: must be your GCP project id (6-30 of a-z, 0-9 and -, a letter "
-                          f"first), got {project!r}; pulumi config set --stack gke gcp:project ...")
-    if not GCP_REGION.match(region):
-        raise ConfigError(f"gcp:region: must be a GCP region like us-central1, got {region!r}")
-    return GcpConfig(project=project, region=region)
-
-
-def _platform(raw: Any) -> PlatformConfig:
-    section = Section("platform", raw, PLATFORM_KEYS)
-    defaults = PlatformConfig()
-
-    def version(key: str, default: str, pattern: re.Pattern = VERSION) -> str:
-        return section.text(key, default, pattern=pattern, what="a release tag like v1.2.3")
-
-    return PlatformConfig(
-        training_operator_version=version("trainingOperatorVersion", defaults.training_operator_version),
-        argo_version=section.text("argoVersion", defaults.argo_version, pattern=SUPPORTED_ARGO_VERSION,
-                                  what="an Argo Workflows release v3.x.y or v4.x.y"),
-        cert_manager_version=version("certManagerVersion", defaults.cert_manager_version),
-        kserve_version=version("kserveVersion", defaults.kserve_version),
-    )
-
-
-def _storage(raw: Any, kind: str, gcp: GcpConfig | None) -> StorageConfig | GcsConfig:
-    section = Section("storage", raw, STORAGE_KEYS)
-    if kind == "gke":
-        _not_for(section, PVC_KEYS, "gke")
-        return GcsConfig(
-            bucket_name=section.text("bucketName", f"{gcp.project}-dist-ml", pattern=GCS_BUCKET,
-                                     what="a bucket name (3-63 of a-z, 0-9, - and _)"),
-            checkpoint_retention_days=section.integer("checkpointRetentionDays", 30, 1),
-        )
-    _not_for(section, GCS_KEYS, kind)
-    defaults = StorageConfig()
-    return StorageConfig(
-        size=section.text("size", defaults.size, pattern=QUANTITY, what="a quantity like 10Gi"),
-        access_mode=section.text("accessMode", defaults.access_mode, allowed=ACCESS_MODES),
-        storage_class=section.text("storageClass", defaults.storage_class),
-    )
-
-
-def _monitoring(raw: Any, kind: str) -> MonitoringConfig:
-    section = Section("monitoring", raw, MONITORING_KEYS)
-    defaults = MonitoringConfig(enabled=kind == "gke")
-    return MonitoringConfig(
-        enabled=section.flag("enabled", defaults.enabled),
-        kube_prometheus_stack_version=section.text(
-            "kubePrometheusStackVersion", defaults.kube_prometheus_stack_version,
-            pattern=re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$"), what="a chart version like 80.4.1"),
-    )
-
-
-def _shared_sections(raw: Mapping[str, Any]) -> tuple[dict, bool]:
-    """The pipeline and serving sections for the pipeline's parser, and the stack-only runOnUp."""
-    sections = {}
-    for name in ("pipeline", "serving"):
-        section = raw.get(name) or {}
-        if not isinstance(section, Mapping):
-            raise ConfigError(f"{name}: must be a mapping of settings, got {type(section).__name__}")
-        for key in LOCAL_ENGINE_ONLY[name]:
-            if key in section:
-                raise ConfigError(f"{name}.{key}: applies only to the local engine "
-                                  "(`python -m pipeline run`), not to a cluster stack")
-        sections[name] = dict(section)
-    run_on_up = sections["pipeline"].pop("runOnUp", False)
-    if not isinstance(run_on_up, bool):
-        raise ConfigError(f"pipeline.runOnUp: must be true or false, got {run_on_up!r}")
-    return sections, run_on_up
+def _has_key(model: type[BaseModel] | None, key: Any) -> bool:
+    return model is not None and any((field.alias or name) == key
+                                     for name, field in model.model_fields.items())
 
 
 def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     """Typed config of the project's keys (without the `dist-ml:` prefix) and `gcp:` keys (with it);
     raises ConfigError."""
-    unknown = sorted(key for key in set(raw) - set(TOP_LEVEL) if not key.startswith("gcp:"))
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown setting; known: {', '.join(TOP_LEVEL)}")
-    namespace = raw.get("namespace", "dist-ml")
-    if not isinstance(namespace, str) or not DNS_LABEL.match(namespace):
-        raise ConfigError(f"namespace: must be a DNS-1123 label, got {namespace!r}")
-    cluster_section = Section("cluster", raw.get("cluster"), CLUSTER_KEYS)
-    kind = cluster_section.text("kind", None, allowed=CLUSTER_KINDS)
-    if kind is None:
-        raise cluster_section.fail("kind", f"is required: one of {', '.join(CLUSTER_KINDS)}")
-    gcp = _gcp(kind, raw)
-    cluster = _k3d(cluster_section) if kind == "k3d" else _gke(cluster_section, gcp)
-    platform = _platform(raw.get("platform"))
-    storage = _storage(raw.get("storage"), kind, gcp)
-    sections, run_on_up = _shared_sections(raw)
-    pipeline = parse_config(sections)
-    if isinstance(cluster, K3dConfig) and cluster.agents > 0 and storage.access_mode != "ReadWriteMany":
-        raise ConfigError("cluster.agents: pods on several nodes share the storage volume, which needs "
-                          "storage.accessMode ReadWriteMany and a storage.storageClass that provides it "
-                          "(k3s's local-path is ReadWriteOnce); keep agents 0 otherwise")
-    return StackConfig(cluster_kind=kind, namespace=namespace, cluster=cluster, platform=platform,
-                       storage=storage, monitoring=_monitoring(raw.get("monitoring"), kind),
-                       pipeline=pipeline, run_on_up=run_on_up, gcp=gcp)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config: must be a mapping of settings, got {type(raw).__name__}")
+    try:
+        settings = STACK_SETTINGS.validate_python(raw)
+    except ValidationError as error:
+        raise _stack_error(error, raw) from None
+    return _stack_config(settings)
+
+
+EMPTY_VALUES = ("", "null", "{}", "[]")
 
 
 def from_pulumi_values(values: Mapping[str, str], project: str = PROJECT) -> dict[str, Any]:
     """The project's keys (prefix dropped) and the `gcp:` keys (kept) from Pulumi's config map,
-    where structured values are JSON text."""
+    where structured values are JSON text. A key set to nothing (`pulumi config set dist-ml:namespace
+    ""`, or an empty structure) is an error naming it: unset keys default, set ones must say something."""
     raw = {}
     for key, value in values.items():
         namespace, _, name = key.partition(":")
+        if namespace not in ("gcp", project):
+            continue
+        shown = key if namespace == "gcp" else name
+        if not isinstance(value, str):
+            raise ConfigError(f"{shown}: must be text as Pulumi passes config, got {type(value).__name__}")
+        if value.strip() in EMPTY_VALUES:
+            raise ConfigError(f"{shown}: is set but empty; give it a value or remove it "
+                              f"(pulumi config rm {key})")
         if namespace == "gcp":
             raw[key] = value
-        elif namespace == project:
-            try:
-                raw[name] = json.loads(value) if value[:1] in "{[" else value
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"{name}: not valid structured config ({error})") from None
+            continue
+        try:
+            raw[name] = json.loads(value) if value[:1] in ("{", "[") else value
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{name}: not valid structured config ({error})") from None
     return raw
+
+
+# A value set with `pulumi config set --secret` is stored as {secure: ...} in the stack file.
+SECURE_VALUE = {"type": "object", "properties": {"secure": {"type": "string"}}, "required": ["secure"],
+                "additionalProperties": False}
+
+
+def stack_file_schema() -> dict:
+    """The JSON Schema of a Pulumi.<stack>.yaml: its `config` is one stack model, keys prefixed `dist-ml:`."""
+    schema = STACK_SETTINGS.json_schema(by_alias=True)
+    definitions = schema.pop("$defs")
+    for model in STACKS.values():
+        definition = definitions[model.__name__]
+        definition["properties"] = {
+            (key if ":" in key else f"{PROJECT}:{key}"): {"anyOf": [value, SECURE_VALUE]}
+            for key, value in definition["properties"].items()}
+        definition["required"] = [f"{PROJECT}:{key}" for key in definition.get("required", [])]
+        if model.PROVIDER:  # the provider's own keys (gcp:zone, ...)
+            definition["patternProperties"] = {f"^{model.PROVIDER}:": {}}
+    return {"$schema": SCHEMA_DIALECT, "title": "dist-ml Pulumi stack file", "type": "object",
+            "properties": {"config": schema}, "$defs": definitions}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["--schema"]:
+        print("usage: python -m stacks.config --schema", file=sys.stderr)
+        return 2
+    print(json.dumps(stack_file_schema(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
