@@ -118,3 +118,14 @@ def test_make_demo_trains_every_variant_of_the_module_by_default(fourth_variant_
 def test_the_stack_files_name_no_variants_so_the_module_decides(stack):
     pipeline = yaml.safe_load((REPO_ROOT / stack).read_text())["config"]["dist-ml:pipeline"]
     assert "variants" not in pipeline
+
+
+@pytest.mark.xfail(strict=True, reason="the committed JSON schemas list the variant names (enum, "
+                   "default), so a new variant means regenerating them; their owner should keep names out")
+@pytest.mark.parametrize(("module", "path"), [("pipeline.config", "pipeline/config.schema.json"),
+                                              ("stacks.config", "stacks/stack.schema.json")])
+def test_the_committed_schemas_do_not_change_with_a_new_variant(fourth_variant_tree, module, path):
+    result = subprocess.run([sys.executable, "-m", module, "--schema"], cwd=fourth_variant_tree,
+                            env=environment(fourth_variant_tree), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == json.loads((REPO_ROOT / path).read_text())
