@@ -22,10 +22,13 @@ PIPELINE_RUN = $(PY) -m pipeline run --storage-root $(DEMO_DIR) --workers $(WORK
 
 .PHONY: demo serve test bench bench-train bench-serve lock clean
 
-$(INSTALLED): requirements.txt
+# The dev lock, then the project itself, editable: its packages from this checkout, its dependencies
+# from the lock alone (--no-deps; setuptools, which builds it, is in the lock too).
+$(INSTALLED): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 demo: $(INSTALLED)
@@ -53,12 +56,11 @@ bench-train: $(INSTALLED)
 bench-serve: $(INSTALLED)
 	$(PY) -m benchmarks.serve_throughput
 
-# Re-resolve the full lock from the direct pins in requirements.in.
-lock:
-	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet -r requirements.in
-	.lock-venv/bin/pip freeze --exclude-editable > requirements.txt
-	rm -rf .lock-venv
+# Re-resolve the locks from pyproject.toml's pins, without installing (pip --dry-run --report):
+# requirements.txt (the dev extra, everything) and requirements/<image>.txt, each image's extras
+# within the dev lock. The next make reinstalls .venv from the new lock.
+lock: $(INSTALLED)
+	$(PY) tools/lock.py
 
 # Before `pulumi up --stack $(STACK)`: docker (and its daemon), k3d, pulumi and kubectl, each new
 # enough; STACK=gke checks gcloud and gke-gcloud-auth-plugin instead of k3d (infra/preflight.py).

@@ -19,8 +19,8 @@ from pipeline.manifests import Images
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # What each image's Dockerfile copies in.
 IMAGE_INPUTS = {
-    "trainer": ("trainer/Dockerfile", "requirements.txt", "common", "trainer"),
-    "serving": ("serving/Dockerfile", "requirements.txt", "common", "trainer", "serving"),
+    "trainer": ("trainer/Dockerfile", "requirements/trainer.txt", "common", "trainer"),
+    "serving": ("serving/Dockerfile", "requirements/serving.txt", "common", "trainer", "serving"),
 }
 IMAGE_REPOSITORY = "dist-ml/{image}"
 
