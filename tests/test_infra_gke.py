@@ -14,7 +14,9 @@ from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
 from pipeline import argo
+from pipeline.definition import train_step_name
 from stacks import policies, render
+from trainer.variants import VARIANTS
 
 STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
 LOCAL_STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
@@ -24,7 +26,7 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "presen
 SPOT_TOLERATION = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
                    "effect": "NoSchedule"}
 TRAINING_TAINT_KEYS = {GPU_TOLERATION["key"], SPOT_TOLERATION["key"]}
-TRAIN_STEPS = ("train-cnn", "train-cnn-dropout", "train-cnn-batchnorm")  # Pulumi.gke.yaml's variants
+TRAIN_STEPS = tuple(train_step_name(variant) for variant in VARIANTS)  # the stack's default: every variant
 NODE_POOL = "gcp:container/nodePool:NodePool"
 ACCOUNT = "gcp:serviceaccount/account:Account"
 
