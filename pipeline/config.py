@@ -24,10 +24,12 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     Strict,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -72,6 +74,8 @@ def _int_as_float(value: Any) -> Any:
 
 # Strict: a bool (an int to Python) or a string of digits is never a number here.
 WholeNumber = Annotated[int, BeforeValidator(_integral_float_as_int), Strict()]
+# A whole number >= 1 that may be absent (None: a default rule); the bound inside, for the JSON Schema.
+Positive = Annotated[WholeNumber, Field(ge=1)]
 Number = Annotated[float, BeforeValidator(_int_as_float), Strict(), Field(allow_inf_nan=False)]
 Text = Annotated[str, Strict(), Field(min_length=1, pattern=NOT_BLANK)]
 
@@ -89,16 +93,43 @@ Quantity = Annotated[matching(QUANTITY, "a Kubernetes quantity like 500m, 2 or 4
                                      and not isinstance(value, bool) else value)]
 
 
+def _without_keys_not_here(schema: dict, model: type[Section]) -> None:
+    for key in model.NOT_HERE:
+        schema.get("properties", {}).pop(key, None)
+
+
 class Section(BaseModel):
     """One section of settings: camelCase keys, unknown keys are errors, frozen once parsed."""
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel)
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel,
+                              json_schema_extra=_without_keys_not_here)
     # How an unknown key is called in errors.
     UNKNOWN: ClassVar[str] = "unknown setting"
+    # Keys a related section has that are errors here, with why (the local engine's keys on a stack):
+    # refused in input, left out of dumps and of the JSON Schema.
+    NOT_HERE: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="before")
     @classmethod
-    def _absent_is_empty(cls, raw: Any) -> Any:
-        return {} if raw is None else raw  # a YAML section with every key commented out
+    def _keys_of_this_section(cls, raw: Any) -> Any:
+        if raw is None:
+            return {}  # a YAML section with every key commented out
+        for key in raw if isinstance(raw, Mapping) else ():
+            if not isinstance(key, str):
+                raise fail(f"keys must be text, got {key!r}")
+            if key in cls.NOT_HERE:
+                raise fail(cls.NOT_HERE[key], key)
+        return raw
+
+    @model_serializer(mode="wrap")
+    def _dumped(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A dump that parses back into the same section."""
+        data = handler(self)
+        return self._shown(data) if isinstance(data, dict) else data
+
+    def _shown(self, data: dict) -> dict:
+        hidden = {key for name, field in type(self).model_fields.items() if field.alias in self.NOT_HERE
+                  for key in (name, field.alias)}
+        return {key: value for key, value in data.items() if key not in hidden}
 
 
 # --- Sections --------------------------------------------------------------------------------------
@@ -193,10 +224,10 @@ class PipelineSettings(WithResources):
     variants: Variants = Field(VARIANTS, description="which CNN variants to train, each once")
     workers: WholeNumber = Field(
         2, ge=1, description="worker replicas per variant (processes or TFJob Workers)")
-    epochs: WholeNumber | None = Field(None, ge=1, description="training epochs; default: the trainer's rule")
+    epochs: Positive | None = Field(None, description="training epochs; default: the trainer's rule")
     batch_size_per_replica: WholeNumber = Field(16, ge=1, description="batch size per worker")
-    steps_per_epoch: WholeNumber | None = Field(
-        None, ge=1, description="steps per epoch; default: one pass over the training images")
+    steps_per_epoch: Positive | None = Field(
+        None, description="steps per epoch; default: one pass over the training images")
     data_source: Text = Field(
         OFFICIAL_MIRROR, description="where ingest reads Fashion-MNIST: URL, directory or tfds")
     fallback_data_source: Text | None = Field(None, description="used only when dataSource is unreachable")
@@ -205,8 +236,8 @@ class PipelineSettings(WithResources):
     model_name: DnsLabel = Field("fmnist", description="the served model's name")
     retries: WholeNumber = Field(
         2, ge=0, description="restarts of a failed step (backoffLimit, retryStrategy.limit)")
-    parallelism: WholeNumber | None = Field(
-        None, ge=1, description="steps running at once; default: no limit")
+    parallelism: Positive | None = Field(
+        None, description="steps running at once; default: no limit")
     memoize_max_age: Duration = Field("24h", description="how long ingest's memo stays valid")
     service_account_name: DnsLabel = Field(
         "dist-ml-pipeline", description="the pipeline pods' service account")
@@ -271,16 +302,33 @@ def section_at(model: type[BaseModel] | None, loc: Sequence[Any]) -> type[BaseMo
     return model
 
 
+PLAIN_KEY = r"[-\w:]+"
+
+
 def key_path(loc: Sequence[Any], root: str = "") -> str:
+    """`section.key[0].key`; a key that is not a plain word is quoted, so the error stays one line."""
     path = root
     for key in loc:
-        path += f"[{key}]" if isinstance(key, int) else f"{'.' if path else ''}{key}"
+        if isinstance(key, int):
+            path += f"[{key}]"
+        else:
+            shown = key if re.fullmatch(PLAIN_KEY, str(key)) else repr(key)
+            path += f"{'.' if path else ''}{shown}"
     return path
+
+
+def _constraints(field: Any) -> list[Any]:
+    """A field's constraints, also those inside an optional type (`Positive | None`)."""
+    found = list(field.metadata)
+    for arg in get_args(field.annotation):
+        for item in getattr(arg, "__metadata__", ()):
+            found += [item, *getattr(item, "metadata", ())]
+    return found
 
 
 def _bound(model: type[BaseModel] | None, key: Any) -> str:
     field = _field(model, key) if model is not None else None
-    for constraint in (field.metadata if field is not None else ()):
+    for constraint in (_constraints(field) if field is not None else ()):
         if getattr(constraint, "ge", None) is not None:
             return f" >= {constraint.ge}"
     return ""
@@ -308,7 +356,7 @@ def _problem(error: dict, model: type[BaseModel] | None) -> str:
     if kind in ("float_type", "finite_number", "float_parsing"):
         return f"must be a number{_bound(parent, loc[-1] if loc else None)}, got {got!r}"
     if kind in ("greater_than_equal", "less_than_equal"):
-        what = "a number" if isinstance(got, float) else "an integer"
+        what = "a number" if isinstance(ctx.get("ge", ctx.get("le")), float) else "an integer"
         bound = f">= {ctx['ge']:g}" if "ge" in ctx else f"<= {ctx['le']:g}"
         return f"must be {what} {bound}, got {got!r}"
     if kind == "bool_type":
@@ -333,7 +381,7 @@ def config_error(error: ValidationError, model: type[BaseModel] | None, root: st
     first = error.errors(include_url=False)[0]
     loc = tuple(first["loc"][skip:])
     at = (first.get("ctx") or {}).get("at") if first["type"] == "config" else ""
-    path = key_path((*loc, *([at] if at else [])), root)
+    path = key_path((*loc, *(at.split(".") if at else [])), root)
     return ConfigError(f"{path or 'config'}: {_problem({**first, 'loc': loc}, model)}")
 
 
@@ -372,9 +420,24 @@ def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
+# Bounds pydantic leaves under its own names inside an optional type (`Positive | None`).
+BOUND_KEYWORDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def standard_keywords(schema: Any) -> Any:
+    """`schema` with every bound named as JSON Schema names it, so that editors check it."""
+    if isinstance(schema, list):
+        return [standard_keywords(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    numeric = schema.get("type") in ("integer", "number")
+    return {(BOUND_KEYWORDS.get(key, key) if numeric else key): standard_keywords(value)
+            for key, value in schema.items()}
+
+
 def config_file_schema() -> dict:
     """The JSON Schema of the config file (what `--schema` prints)."""
-    return {"$schema": SCHEMA_DIALECT, **ConfigFile.model_json_schema()}
+    return {"$schema": SCHEMA_DIALECT, **standard_keywords(ConfigFile.model_json_schema())}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

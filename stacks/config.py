@@ -18,7 +18,6 @@ from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence, Union, 
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Strict,
@@ -45,6 +44,7 @@ from pipeline.config import (
     key_path,
     matching,
     section_at,
+    standard_keywords,
 )
 from pipeline.manifests import DEFAULT_ARGO_VERSION
 
@@ -103,36 +103,18 @@ class GkeMonitoring(MonitoringConfig):
     enabled: Flag = Field(True, description="install monitoring (default: false on k3d, true on gke)")
 
 
-def _drop_keys(schema: dict, keys: Sequence[str]) -> None:
-    for key in keys:
-        schema["properties"].pop(key, None)
+LOCAL_ENGINE_ONLY = "applies only to the local engine (`python -m pipeline run`), not to a cluster stack"
 
 
-class OnAStack(Section):
-    """A shared section on a cluster stack, where the local engine's own keys are errors."""
-    LOCAL_ENGINE_ONLY: ClassVar[tuple[str, ...]] = ()
-    model_config = ConfigDict(
-        json_schema_extra=lambda schema, model: _drop_keys(schema, model.LOCAL_ENGINE_ONLY))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _not_the_local_engines(cls, raw: Any) -> Any:
-        for key in cls.LOCAL_ENGINE_ONLY:
-            if isinstance(raw, Mapping) and key in raw:
-                raise fail("applies only to the local engine (`python -m pipeline run`), "
-                           "not to a cluster stack", key)
-        return raw
-
-
-class StackPipeline(OnAStack, PipelineSettings):
+class StackPipeline(PipelineSettings):
     """The `pipeline` section on a stack."""
-    LOCAL_ENGINE_ONLY: ClassVar[tuple[str, ...]] = ("storageRoot",)
+    NOT_HERE: ClassVar[dict[str, str]] = {"storageRoot": LOCAL_ENGINE_ONLY}
     run_on_up: Flag = Field(False, description="also submit one Workflow run on `pulumi up`")
 
 
-class StackServing(OnAStack, ServingConfig):
+class StackServing(ServingConfig):
     """The `serving` section on a stack."""
-    LOCAL_ENGINE_ONLY: ClassVar[tuple[str, ...]] = ("httpPort",)
+    NOT_HERE: ClassVar[dict[str, str]] = {"httpPort": LOCAL_ENGINE_ONLY}
 
 
 # --- k3d --------------------------------------------------------------------------------------------
@@ -176,12 +158,13 @@ MinNodes = Annotated[WholeNumber, Field(
 MaxNodes = Annotated[WholeNumber, Field(ge=1, description="most nodes, in total (>= minNodes)")]
 AcceleratorType = Annotated[Text, Field(description="GPU type of each node (gpu pool only)")]
 AcceleratorCount = Annotated[WholeNumber, Field(ge=0, description="GPUs per node (gpu pool only)")]
-ACCELERATOR_KEYS = ("acceleratorType", "acceleratorCount")
+GPU_ONLY = {key: "accelerators belong in nodePools.gpu" for key in ("acceleratorType", "acceleratorCount")}
 
 
 class NodePoolConfig(Section):
     """A GKE node pool; as declared here, the cpu pool: always there, untainted, never scaled to zero
     (system pods and the platform run only there)."""
+    NOT_HERE: ClassVar[dict[str, str]] = {"enabled": "the CPU pool always exists", **GPU_ONLY}
     OPTIONAL: ClassVar[bool] = False
     ACCELERATED: ClassVar[bool] = False
     machine_type: MachineType = "e2-standard-4"
@@ -192,18 +175,17 @@ class NodePoolConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _keys_of_this_pool(cls, raw: Any) -> Any:
-        if not isinstance(raw, Mapping):
-            return raw
-        if not cls.OPTIONAL and "enabled" in raw:
-            raise fail("the CPU pool always exists", "enabled")
-        if cls.OPTIONAL and raw.get("enabled", False) is False and set(raw) - {"enabled"}:
+    def _settings_of_a_disabled_pool(cls, raw: Any) -> Any:
+        if cls.OPTIONAL and isinstance(raw, Mapping) and raw.get("enabled", False) is False and (
+                set(raw) - {"enabled"}):
             raise fail("is false, so the pool's other settings do nothing; set enabled: true or remove them",
                        "enabled")
-        given = [key for key in ACCELERATOR_KEYS if key in raw]
-        if given and not cls.ACCELERATED:
-            raise fail("accelerators belong in nodePools.gpu", given[0])
         return raw
+
+    def _shown(self, data: dict) -> dict:
+        if self.OPTIONAL and not getattr(self, "enabled", True):
+            return {key: value for key, value in data.items() if key == "enabled"}
+        return super()._shown(data)
 
     @model_validator(mode="after")
     def _sizes(self) -> NodePoolConfig:
@@ -221,6 +203,7 @@ class NodePoolConfig(Section):
 
 class SpotPool(NodePoolConfig):
     """Spot VMs: cheaper, preemptible capacity, tainted for training only."""
+    NOT_HERE: ClassVar[dict[str, str]] = GPU_ONLY
     OPTIONAL: ClassVar[bool] = True
     enabled: Flag = Field(False, description="declare this pool")
     machine_type: MachineType = "e2-standard-8"
@@ -230,6 +213,7 @@ class SpotPool(NodePoolConfig):
 
 class GpuPool(SpotPool):
     """Nodes with GPUs, tainted (GKE's nvidia.com/gpu) for training only."""
+    NOT_HERE: ClassVar[dict[str, str]] = {}
     ACCELERATED: ClassVar[bool] = True
     machine_type: MachineType = "n1-standard-4"
     accelerator_type: AcceleratorType | None = "nvidia-tesla-t4"
@@ -464,19 +448,19 @@ def from_pulumi_values(values: Mapping[str, str], project: str = PROJECT) -> dic
         namespace, _, name = key.partition(":")
         if namespace not in ("gcp", project):
             continue
-        shown = key if namespace == "gcp" else name
+        shown = key_path([key if namespace == "gcp" else name])
         if not isinstance(value, str):
             raise ConfigError(f"{shown}: must be text as Pulumi passes config, got {type(value).__name__}")
         if value.strip() in EMPTY_VALUES:
             raise ConfigError(f"{shown}: is set but empty; give it a value or remove it "
-                              f"(pulumi config rm {key})")
+                              f"(pulumi config rm {key_path([key])})")
         if namespace == "gcp":
             raw[key] = value
             continue
         try:
             raw[name] = json.loads(value) if value[:1] in ("{", "[") else value
         except json.JSONDecodeError as error:
-            raise ConfigError(f"{name}: not valid structured config ({error})") from None
+            raise ConfigError(f"{shown}: not valid structured config ({error})") from None
     return raw
 
 
@@ -487,7 +471,7 @@ SECURE_VALUE = {"type": "object", "properties": {"secure": {"type": "string"}}, 
 
 def stack_file_schema() -> dict:
     """The JSON Schema of a Pulumi.<stack>.yaml: its `config` is one stack model, keys prefixed `dist-ml:`."""
-    schema = STACK_SETTINGS.json_schema(by_alias=True)
+    schema = standard_keywords(STACK_SETTINGS.json_schema(by_alias=True))
     definitions = schema.pop("$defs")
     for model in STACKS.values():
         definition = definitions[model.__name__]

@@ -6,7 +6,10 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import REPO_ROOT, last_line, run_module
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import ConfigError, PipelineConfig, load_config, parse_config
 from trainer.variants import VARIANTS
@@ -109,3 +112,70 @@ def test_the_pipeline_imports_neither_tensorflow_nor_pulumi():
         cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --- Property-based: the models round-trip, and random input is a config or one ConfigError -------
+
+QUANTITIES = st.sampled_from(["500m", "1", "1.5", "2Gi", "512Mi", 2, 3.0])
+AMOUNTS = st.fixed_dictionaries({"cpu": QUANTITIES, "memory": QUANTITIES})
+TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12).filter(str.strip)
+PIPELINE_VALUES = {
+    "variants": st.lists(st.sampled_from(VARIANTS), min_size=1, unique=True),
+    "workers": st.integers(1, 64) | st.integers(1, 64).map(float),  # Pulumi's numbers are floats
+    "epochs": st.none() | st.integers(1, 99), "batchSizePerReplica": st.integers(1, 512),
+    "stepsPerEpoch": st.none() | st.integers(1, 999), "dataSource": TEXT,
+    "fallbackDataSource": st.none() | TEXT, "storageRoot": TEXT,
+    "modelName": st.from_regex(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", fullmatch=True),
+    "retries": st.integers(0, 9), "parallelism": st.none() | st.integers(1, 9),
+    "memoizeMaxAge": st.from_regex(r"^(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?$", fullmatch=True).filter(bool),
+    "trainerResources": st.fixed_dictionaries({}, optional={"requests": AMOUNTS, "limits": AMOUNTS}),
+}
+SERVING_VALUES = {
+    "scaleMetric": st.sampled_from(["cpu", "memory"]), "scaleTarget": st.integers(1, 100),
+    "maxBatchSize": st.integers(1, 256), "maxBatchWaitMs": st.floats(0, 1000) | st.integers(0, 1000),
+    "httpPort": st.integers(1, 65535),
+    "resources": st.fixed_dictionaries({"requests": AMOUNTS, "limits": AMOUNTS}),
+}
+
+
+@st.composite
+def valid_configs(draw) -> dict:
+    serving = draw(st.fixed_dictionaries({}, optional=SERVING_VALUES))
+    low = draw(st.integers(0, 5))
+    serving.update(minReplicas=low, maxReplicas=draw(st.integers(max(1, low), 9)))
+    if draw(st.booleans()):
+        serving.update(runtime="tensorflow", runtimeVersion=draw(st.sampled_from(["2.19.0", "2.20.0"])))
+    return {"pipeline": draw(st.fixed_dictionaries({}, optional=PIPELINE_VALUES)), "serving": serving}
+
+
+def file_form(config: PipelineConfig) -> dict:
+    """The config as a config file says it."""
+    return {"pipeline": config.model_dump(by_alias=True, mode="json", exclude={"serving"}),
+            "serving": config.serving.model_dump(by_alias=True, mode="json")}
+
+
+@settings(max_examples=150, deadline=None)
+@given(valid_configs())
+def test_any_valid_config_round_trips_through_its_yaml_form(raw):
+    config = parse_config(raw)
+    assert parse_config(yaml.safe_load(yaml.safe_dump(file_form(config)))) == config
+    assert config.workers == int(raw["pipeline"].get("workers", 2)) and isinstance(config.workers, int)
+
+
+KEYS = st.sampled_from([*PIPELINE_VALUES, *SERVING_VALUES, "minReplicas", "runtime"]) | st.text(max_size=5)
+ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 70000) | st.floats() | st.text(max_size=6) | QUANTITIES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["pipeline", "serving"]) | st.text(max_size=5),
+                       st.dictionaries(KEYS, ANY_VALUE, max_size=5) | ANY_VALUE, max_size=3))
+def test_any_mapping_is_a_config_or_an_error_naming_a_key(raw):
+    try:
+        parse_config(raw)
+    except ConfigError as error:
+        path = str(error).partition(": ")[0]
+        names = {*map(str, raw), *map(repr, raw), "config"}
+        assert any(path == name or path.startswith((f"{name}.", f"{name}[")) for name in names), str(error)
+        assert "\n" not in str(error)
