@@ -12,6 +12,7 @@ the stack model (K3dStack, GkeStack): a key of another kind, or a bad value, is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence, Union, get_args
@@ -357,9 +358,19 @@ def _cluster_kind(raw: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-AnyStack = Annotated[Union[tuple(Annotated[model, Tag(kind)] for kind, model in STACKS.items())],
-                     Discriminator(_cluster_kind)]
-STACK_SETTINGS: TypeAdapter[StackSettings] = TypeAdapter(AnyStack)
+@functools.cache
+def _stack_settings(kinds: tuple[tuple[str, type[StackSettings]], ...]) -> TypeAdapter[StackSettings]:
+    return TypeAdapter(Annotated[Union[tuple(Annotated[model, Tag(kind)] for kind, model in kinds)],
+                                 Discriminator(_cluster_kind)])
+
+
+def stack_settings() -> TypeAdapter[StackSettings]:
+    """The validator of a stack's settings: the model of the kind `cluster.kind` names, of those in
+    STACKS now (a test may register another kind)."""
+    return _stack_settings(tuple(STACKS.items()))
+
+
+STACK_SETTINGS = stack_settings()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,12 +412,12 @@ def _stack_error(error: ValidationError, raw: Mapping[str, Any]) -> ConfigError:
     first = error.errors(include_url=False)[0]
     if first["type"] == "union_tag_invalid":
         tag = first["ctx"]["tag"]
-        return ConfigError(f"cluster.kind: must be one of {', '.join(CLUSTER_KINDS)}, got {tag!r}")
+        return ConfigError(f"cluster.kind: must be one of {', '.join(STACKS)}, got {tag!r}")
     if first["type"] == "union_tag_not_found":
         cluster = raw.get("cluster")
         if cluster is not None and not isinstance(cluster, Mapping):
             return ConfigError(f"cluster: must be a mapping of settings, got {type(cluster).__name__}")
-        return ConfigError(f"cluster.kind: is required: one of {', '.join(CLUSTER_KINDS)}")
+        return ConfigError(f"cluster.kind: is required: one of {', '.join(STACKS)}")
     kind, loc = first["loc"][0], first["loc"][1:]
     if first["type"] == "extra_forbidden":
         others = [other for other, model in STACKS.items() if other != kind and (
@@ -430,7 +441,7 @@ def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: must be a mapping of settings, got {type(raw).__name__}")
     try:
-        settings = STACK_SETTINGS.validate_python(raw)
+        settings = stack_settings().validate_python(raw)
     except ValidationError as error:
         raise _stack_error(error, raw) from None
     return _stack_config(settings)
@@ -471,7 +482,7 @@ SECURE_VALUE = {"type": "object", "properties": {"secure": {"type": "string"}}, 
 
 def stack_file_schema() -> dict:
     """The JSON Schema of a Pulumi.<stack>.yaml: its `config` is one stack model, keys prefixed `dist-ml:`."""
-    schema = standard_keywords(STACK_SETTINGS.json_schema(by_alias=True))
+    schema = standard_keywords(stack_settings().json_schema(by_alias=True))
     definitions = schema.pop("$defs")
     for model in STACKS.values():
         definition = definitions[model.__name__]
