@@ -313,6 +313,10 @@ class StackSettings(Section):
         return {key: value for key, value in raw.items()
                 if key in ours or not str(key).startswith(f"{cls.PROVIDER}:")}
 
+    def kind_sections(self) -> tuple[Any, Any, Any]:
+        """The cluster and storage sections as the stack reads them, and the cloud's settings, if any."""
+        return self.cluster, self.storage, None
+
 
 class K3dStack(StackSettings):
     """A stack on a k3d cluster."""
@@ -338,6 +342,16 @@ class GkeStack(StackSettings):
     storage: GcsConfig = Field(GcsConfig(), description="the bucket every pipeline pod mounts")
     monitoring: GkeMonitoring = Field(GkeMonitoring(), description="Prometheus, Grafana and the dashboard")
 
+    def kind_sections(self) -> tuple[GkeConfig, GcsConfig, GcpConfig]:
+        """cluster.location and storage.bucketName default from gcp:region and gcp:project."""
+        gcp = GcpConfig(project=self.gcp_project, region=self.gcp_region)
+        cluster, storage = self.cluster, self.storage
+        if cluster.location is None:
+            cluster = cluster.model_copy(update={"location": gcp.region})
+        if storage.bucket_name is None:
+            storage = storage.model_copy(update={"bucket_name": f"{gcp.project}-{PROJECT}"})
+        return cluster, storage, gcp
+
     @model_validator(mode="after")
     def _project_and_region(self) -> GkeStack:
         for key, value in (("gcp:project", self.gcp_project), ("gcp:region", self.gcp_region)):
@@ -348,8 +362,12 @@ class GkeStack(StackSettings):
         return self
 
 
-STACKS: dict[str, type[StackSettings]] = {"k3d": K3dStack, "gke": GkeStack}
-CLUSTER_KINDS = tuple(STACKS)
+def stack_models() -> dict[str, type[StackSettings]]:
+    """cluster.kind -> the kind's stack model, from the registry of cluster kinds (stacks/kinds/),
+    read when asked: the kinds' modules import this one, and a test may register another kind."""
+    from stacks.kinds import KINDS
+
+    return {name: kind.settings for name, kind in KINDS.items()}
 
 
 def _cluster_kind(raw: Any) -> str | None:
@@ -365,12 +383,8 @@ def _stack_settings(kinds: tuple[tuple[str, type[StackSettings]], ...]) -> TypeA
 
 
 def stack_settings() -> TypeAdapter[StackSettings]:
-    """The validator of a stack's settings: the model of the kind `cluster.kind` names, of those in
-    STACKS now (a test may register another kind)."""
-    return _stack_settings(tuple(STACKS.items()))
-
-
-STACK_SETTINGS = stack_settings()
+    """The validator of a stack's settings: the model of the kind `cluster.kind` names."""
+    return _stack_settings(tuple(stack_models().items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,13 +406,7 @@ class StackConfig:
 
 
 def _stack_config(settings: StackSettings) -> StackConfig:
-    cluster, storage, gcp = settings.cluster, settings.storage, None
-    if isinstance(settings, GkeStack):
-        gcp = GcpConfig(project=settings.gcp_project, region=settings.gcp_region)
-        if cluster.location is None:
-            cluster = cluster.model_copy(update={"location": gcp.region})
-        if storage.bucket_name is None:
-            storage = storage.model_copy(update={"bucket_name": f"{gcp.project}-{PROJECT}"})
+    cluster, storage, gcp = settings.kind_sections()
     serving = ServingConfig.model_construct(**{name: getattr(settings.serving, name)
                                                for name in ServingConfig.model_fields})
     return StackConfig(namespace=settings.namespace, cluster=cluster, platform=settings.platform,
@@ -412,22 +420,22 @@ def _stack_error(error: ValidationError, raw: Mapping[str, Any]) -> ConfigError:
     first = error.errors(include_url=False)[0]
     if first["type"] == "union_tag_invalid":
         tag = first["ctx"]["tag"]
-        return ConfigError(f"cluster.kind: must be one of {', '.join(STACKS)}, got {tag!r}")
+        return ConfigError(f"cluster.kind: must be one of {', '.join(stack_models())}, got {tag!r}")
     if first["type"] == "union_tag_not_found":
         cluster = raw.get("cluster")
         if cluster is not None and not isinstance(cluster, Mapping):
             return ConfigError(f"cluster: must be a mapping of settings, got {type(cluster).__name__}")
-        return ConfigError(f"cluster.kind: is required: one of {', '.join(STACKS)}")
+        return ConfigError(f"cluster.kind: is required: one of {', '.join(stack_models())}")
     kind, loc = first["loc"][0], first["loc"][1:]
     if first["type"] == "extra_forbidden":
-        others = [other for other, model in STACKS.items() if other != kind and (
+        others = [other for other, model in stack_models().items() if other != kind and (
             _has_key(section_at(model, loc[:-1]), loc[-1])
             or str(loc[-1]).partition(":")[0] == model.PROVIDER)]
         if others:
             problem = (f"applies only to cluster.kind {', '.join(others)}" if len(loc) == 1
                        else f"does not apply to cluster.kind {kind}")
             return ConfigError(f"{key_path(loc)}: {problem}")
-    return config_error(error, STACKS[kind], skip=1)
+    return config_error(error, stack_models()[kind], skip=1)
 
 
 def _has_key(model: type[BaseModel] | None, key: Any) -> bool:
@@ -484,7 +492,7 @@ def stack_file_schema() -> dict:
     """The JSON Schema of a Pulumi.<stack>.yaml: its `config` is one stack model, keys prefixed `dist-ml:`."""
     schema = standard_keywords(stack_settings().json_schema(by_alias=True))
     definitions = schema.pop("$defs")
-    for model in STACKS.values():
+    for model in stack_models().values():
         definition = definitions[model.__name__]
         definition["properties"] = {
             (key if ":" in key else f"{PROJECT}:{key}"): {"anyOf": [value, SECURE_VALUE]}

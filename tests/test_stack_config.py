@@ -28,10 +28,10 @@ from stacks import program, render
 from stacks.config import (
     GCP_PROJECT,
     PLACEHOLDER_PROJECTS,
-    STACK_SETTINGS,
-    STACKS,
     from_pulumi_values,
     parse_stack_config,
+    stack_models,
+    stack_settings,
 )
 
 STACK_FILES = {"local": REPO_ROOT / "Pulumi.local.yaml", "gke": REPO_ROOT / "Pulumi.gke.yaml"}
@@ -45,7 +45,7 @@ def file_values(stack: str) -> dict[str, str]:
 
 
 def settings_of(raw: dict) -> Any:
-    return STACK_SETTINGS.validate_python(raw)
+    return stack_settings().validate_python(raw)
 
 
 def as_pulumi_values(raw: dict) -> dict[str, str]:
@@ -60,7 +60,7 @@ def as_pulumi_values(raw: dict) -> dict[str, str]:
 def test_each_stack_file_parses_and_round_trips_through_pulumis_form(stack):
     config = parse_stack_config(from_pulumi_values(file_values(stack)))
     assert config.cluster_kind == {"local": "k3d", "gke": "gke"}[stack]
-    dumped = STACK_SETTINGS.dump_python(settings_of(from_pulumi_values(file_values(stack))), by_alias=True,
+    dumped = stack_settings().dump_python(settings_of(from_pulumi_values(file_values(stack))), by_alias=True,
                                         mode="json")
     assert parse_stack_config(from_pulumi_values(as_pulumi_values(dumped))) == config
 
@@ -239,7 +239,7 @@ def valid_stacks() -> st.SearchStrategy[dict]:
 @given(valid_stacks())
 def test_any_valid_stack_round_trips_through_its_yaml_and_pulumi_forms(raw):
     config = parse_stack_config(raw)
-    dumped = STACK_SETTINGS.dump_python(settings_of(raw), by_alias=True, mode="json")
+    dumped = stack_settings().dump_python(settings_of(raw), by_alias=True, mode="json")
     assert parse_stack_config(yaml.safe_load(yaml.safe_dump(dumped))) == config
     assert parse_stack_config(from_pulumi_values(as_pulumi_values(dumped))) == config
 
@@ -302,7 +302,7 @@ def model_keys(model, prefix: str) -> set[str]:
 def test_the_readme_tables_list_every_key_and_nothing_else():
     pipeline_keys = (model_keys(PipelineSettings, "pipeline.") | model_keys(ServingConfig, "serving."))
     stack_keys = {"dist-ml:namespace", "gcp:project", "gcp:region", "pipeline.runOnUp"}
-    for model in STACKS.values():
+    for model in stack_models().values():
         for name in ("cluster", "platform", "storage", "monitoring"):
             section = model.model_fields[name].annotation
             stack_keys |= model_keys(section, f"{name}.")

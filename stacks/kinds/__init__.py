@@ -1,7 +1,9 @@
 """The cluster kinds a stack can run on: `cluster.kind` in the stack config names one of them.
 
-Adding a kind: a module beside these with a ClusterKind subclass (base.py says what it declares),
-its cluster config in stacks/config.py, and one line here.
+Adding a kind is one module beside these and one line in KINDS: the module holds the kind's stack
+config (a StackSettings subclass with its `cluster` section, whose `kind` is the kind's name, and its
+`storage` section) and a ClusterKind subclass that declares the cluster, images and storage
+(base.py says what each returns). tests/test_cluster_kinds.py plugs in a fake kind that way.
 """
 
 from __future__ import annotations

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import ClassVar
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from pipeline.manifests import ClusterStorage, Images
-from stacks.config import StackConfig
+from stacks.config import StackConfig, StackSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,10 @@ class TrainingPlacement:
 
 class ClusterKind(abc.ABC):
     """One kind of cluster (k3d, GKE, ...), made from the parsed stack config."""
+
+    # The stack config of this kind: the shared sections (StackSettings) plus its cluster and
+    # storage sections; `cluster.kind` in a stack file picks it.
+    settings: ClassVar[type[StackSettings]]
 
     def __init__(self, config: StackConfig):
         self.config = config

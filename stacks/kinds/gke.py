@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, node_selector, toleration
 from infra.registry import RegistryImages, RegistryImagesArgs
-from stacks.config import GkeConfig, NodePoolConfig
+from stacks.config import GkeConfig, GkeStack, NodePoolConfig
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
 
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
@@ -31,6 +31,8 @@ def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
 
 
 class GkeKind(ClusterKind):
+    settings = GkeStack
+
     def cluster(self) -> Cluster:
         config, gcp = self.config.cluster, self.config.gcp
         self._pools = node_pools(config)

@@ -7,10 +7,13 @@ import pulumi_kubernetes as k8s
 from infra.images import LocalImages, LocalImagesArgs
 from infra.k3d import K3dCluster, K3dClusterArgs
 from infra.storage import PvcStorage, PvcStorageArgs
+from stacks.config import K3dStack
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage
 
 
 class K3dKind(ClusterKind):
+    settings = K3dStack
+
     def cluster(self) -> Cluster:
         config = self.config.cluster
         self._cluster = K3dCluster("cluster", K3dClusterArgs(

@@ -1,0 +1,107 @@
+"""A third cluster kind is one module and one registry line: a fake kind, defined in this module the
+way stacks/kinds/k3d.py and gke.py are, is registered in KINDS, and the whole stack renders on it —
+its config parsed by its own model, its cluster, images, storage and identity used by the one
+composition, every object valid, and the same actors' contracts holding."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+from conftest import REPO_ROOT
+from pydantic import Field
+from stack_checks import embedded, objects_of, validate_all
+
+from infra.storage import PvcStorage, PvcStorageArgs
+from pipeline.config import ConfigError, Section
+from pipeline.manifests import Images
+from stacks import kinds, render
+from stacks.config import StackSettings, StorageConfig, parse_stack_config
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+
+IDENTITY = {"identity.fake.example/account": "fake-storage-user"}
+IMAGES = Images(trainer="registry.fake.example/trainer:1.0", serving="registry.fake.example/serving:1.0")
+PLACEMENT = TrainingPlacement(node_selector={"fake.example/pool": "training"})
+
+
+class FakeCluster(Section):
+    """The `cluster` section of the fake kind."""
+    kind: Literal["fake"] = Field(description="the stack's cluster")
+    name: str = Field("fake", description="the cluster's name")
+
+
+class FakeStack(StackSettings):
+    """A stack on the fake kind: its cluster, and a PVC for storage."""
+    cluster: FakeCluster = Field(description="the fake cluster")
+    storage: StorageConfig = Field(StorageConfig(), description="the PVC every pipeline pod mounts")
+
+
+class FakeKind(ClusterKind):
+    settings = FakeStack
+
+    def cluster(self) -> Cluster:
+        kubeconfig = pulumi.Output.secret("apiVersion: v1\nkind: Config\n")
+        provider = k8s.Provider("cluster-provider", kubeconfig=kubeconfig)
+        return Cluster(provider=provider, kubeconfig=kubeconfig)
+
+    def images(self, cluster: Cluster) -> ImageSource:
+        return ImageSource(images=IMAGES)
+
+    def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
+        config = self.config.storage
+        claim = PvcStorage("storage", PvcStorageArgs(
+            namespace=self.config.namespace, size=config.size, access_mode=config.access_mode,
+            storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace]))
+        return Storage(storage=claim.storage, ready=[claim], account_annotations=IDENTITY)
+
+    def training_placement(self) -> TrainingPlacement:
+        return PLACEMENT
+
+    def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
+        return {"fakeCluster": self.config.cluster.name}
+
+
+@pytest.fixture
+def fake_kind(monkeypatch):
+    monkeypatch.setitem(kinds.KINDS, "fake", FakeKind)  # the one registry line
+
+
+def fake_values() -> dict[str, str]:
+    local = render.pulumi_values(REPO_ROOT / "Pulumi.local.yaml")
+    shared = {key: value for key, value in local.items() if key.split(":")[1] in ("pipeline", "serving")}
+    return {**shared, "dist-ml:cluster": json.dumps({"kind": "fake", "name": "lab"})}
+
+
+def test_the_whole_stack_renders_on_a_plugged_in_kind(fake_kind, validate_crd):
+    rendered = render.render("fake", fake_values())
+    types = {resource.type for resource in rendered.resources}
+    assert {f"dist-ml:infra:{c}" for c in ("Platform", "PvcStorage", "Pipeline", "Serving")} <= types
+    assert "dist-ml:infra:K3dCluster" not in types and "dist-ml:infra:GkeCluster" not in types
+    assert validate_all(rendered, validate_crd, "v4", "1.33") >= 15
+    template = objects_of(rendered, "WorkflowTemplate")[0]
+    # The kind's images, placement and identity reach every object that uses them.
+    tfjob_pod = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert tfjob_pod["containers"][0]["image"] == IMAGES.trainer
+    assert tfjob_pod["nodeSelector"] == PLACEMENT.node_selector
+    assert embedded(template, "serve")["spec"]["predictor"]["containers"][0]["image"] == IMAGES.serving
+    accounts = objects_of(rendered, "ServiceAccount")
+    assert len(accounts) == 4 and all(a["metadata"]["annotations"] == IDENTITY for a in accounts)
+    assert rendered.outputs["fakeCluster"] == "lab"
+    assert rendered.outputs["inferenceService"] == "dist-ml/fmnist"
+
+
+def test_a_plugged_in_kind_parses_its_own_config_and_refuses_the_others_keys(fake_kind):
+    config = parse_stack_config({"cluster": {"kind": "fake", "name": "lab"}})
+    assert config.cluster_kind == "fake" and config.cluster.name == "lab"
+    with pytest.raises(ConfigError, match="^cluster.agents: "):
+        parse_stack_config({"cluster": {"kind": "fake", "agents": 2}})
+    with pytest.raises(ConfigError, match="^cluster.kind: must be one of k3d, gke, fake, got 'eks'"):
+        parse_stack_config({"cluster": {"kind": "eks"}})
+
+
+def test_without_its_registry_line_the_kind_does_not_exist():
+    with pytest.raises(ConfigError, match="^cluster.kind: must be one of k3d, gke, got 'fake'"):
+        parse_stack_config({"cluster": {"kind": "fake"}})
