@@ -1,4 +1,5 @@
-"""Pulumi components, one per concern: the k3d cluster, images, the platform (training operator,
-Argo, cert-manager, KServe), storage, the pipeline's resources and serving. `render` runs a stack
-under Pulumi mocks and writes what it declares; `policies` checks it. Never imports TensorFlow.
+"""Pulumi components, one per concern, each a ComponentResource with a dataclass of arguments: the
+clusters (k3d, GKE), images (local, Artifact Registry), the platform (training operator, Argo,
+cert-manager, KServe), storage (PVC, GCS), identities, the pipeline's resources, serving and
+monitoring. The stacks (stacks/) compose them. Imports neither TensorFlow nor stacks/.
 """

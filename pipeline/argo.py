@@ -45,6 +45,7 @@ from pipeline.manifests import (
     inference_service,
     tfjob,
 )
+from serving import rollout
 from trainer.fashion_mnist import MANIFEST_NAME
 
 WORKFLOW_TEMPLATE_NAME = "dist-ml-pipeline"
@@ -59,9 +60,9 @@ ARGO_NAMESPACE = "argo"
 ARGO_CONTROLLER_ACCOUNT = "argo"
 VERSION_PARAMETER = "version"
 PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo reads it as an output
-ROLLOUT_MODULE = "serving.rollout"
+ROLLOUT_MODULE = rollout.__name__
 ROLLOUT_TIMEOUT_SECONDS = 900
-ROLLOUT_MANIFEST_FLAG = "--manifest"
+ROLLOUT_MANIFEST_FLAG = rollout.MANIFEST_FLAG
 
 
 def retry_strategy(step: Step) -> dict:

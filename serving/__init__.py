@@ -1,4 +1,4 @@
-"""The KServe-protocol model server for the published model, its client, load test and logger sink.
-
-Not built yet: see the serving issue. Must not import Pulumi.
+"""The KServe-protocol model server for the published model (v1 and v2, dynamic batching, version
+switching, metrics, request logging), its client, load test and logger sink, and the rollout of an
+InferenceService to one version on a cluster. Imports neither Pulumi nor the pipeline.
 """

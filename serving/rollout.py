@@ -36,6 +36,7 @@ API_CALLS = (
 )
 DEFAULT_TIMEOUT_SECONDS = 900.0  # an image pull, the storage initializer's copy and a model load
 POLL_SECONDS = 5.0
+MANIFEST_FLAG = "--manifest"  # the InferenceService, as JSON (the pipeline's serve step passes it)
 # A container waiting for one of these will not start by itself: the rollout has failed.
 FATAL_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
                          "CreateContainerConfigError", "CreateContainerError")
@@ -225,7 +226,7 @@ def manifest_arg(text: str) -> dict:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="serving.rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--namespace", required=True)
-    parser.add_argument("--manifest", type=manifest_arg, required=True, help="the InferenceService, as JSON")
+    parser.add_argument(MANIFEST_FLAG, type=manifest_arg, required=True, help="the InferenceService, as JSON")
     parser.add_argument("--timeout-seconds", type=cli.positive_float, default=DEFAULT_TIMEOUT_SECONDS)
     return parser.parse_args(argv)
 

@@ -1,4 +1,5 @@
-"""TF_CONFIG: the cluster description that TFJob gives every pod, checked before TensorFlow starts.
+"""TF_CONFIG: the cluster description the training operator gives every TFJob pod, checked before
+TensorFlow starts.
 
 MultiWorkerMirroredStrategy reads TF_CONFIG itself; this module checks it first so that a malformed
 one is a clear error instead of a hang, tells whether this process is the chief (the one that

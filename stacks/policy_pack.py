@@ -1,0 +1,64 @@
+"""stacks/policies.py's checks as the policy pack (policy/) runs them on `pulumi preview` and `up`:
+over the resources a stack declares, as Pulumi's policy engine hands them over (a type token, a name
+and the properties), each violation reported once. Kept free of pulumi_policy so that tests run it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+from stacks import policies
+
+HEAD_KEYS = ("apiVersion", "kind", "metadata")
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """A resource as the cloud policies read it."""
+    type: str
+    name: str
+    inputs: dict
+
+
+def declared(resources: Iterable[Any]) -> list[Declared]:
+    """Pulumi's policy resources (resource_type, name, props) in the policies' terms."""
+    return [Declared(resource.resource_type, resource.name, dict(resource.props or {}))
+            for resource in resources]
+
+
+def kubernetes_objects(resources: Sequence[Declared]) -> list[dict]:
+    """The Kubernetes objects among them, as manifests."""
+    found = []
+    for resource in resources:
+        props = resource.inputs
+        if resource.type.startswith("kubernetes:") and "kind" in props and "apiVersion" in props:
+            metadata = {"name": resource.name, **(props.get("metadata") or {})}
+            found.append({"apiVersion": props["apiVersion"], "kind": props["kind"], "metadata": metadata,
+                          **{key: value for key, value in props.items() if key not in HEAD_KEYS}})
+    return found
+
+
+Check = Callable[[Sequence[Declared]], list[str]]
+# name -> (what it requires, the check over a stack's resources)
+POLICIES: dict[str, tuple[str, Check]] = {
+    "no-cluster-admin": ("no binding to cluster-admin",
+                         lambda resources: policies.no_cluster_admin(kubernetes_objects(resources))),
+    "requests-and-limits": ("CPU and memory requests and limits on every container, embedded ones too",
+                            lambda resources: policies.requests_and_limits(kubernetes_objects(resources))),
+    "pinned-images": ("every image pinned by a tag other than latest, or a digest",
+                      lambda resources: policies.pinned_images(kubernetes_objects(resources))),
+    "private-buckets": ("buckets private, uniform and versioned", policies.private_buckets),
+    "no-service-account-keys": ("no service account keys: Workload Identity instead",
+                                policies.no_service_account_keys),
+}
+
+
+def stack_validator(check: Check) -> Callable[[Any, Callable[[str, str | None], None]], None]:
+    """A StackValidationPolicy's `validate` running `check` over the stack's resources."""
+
+    def validate(args: Any, report_violation: Callable[[str, str | None], None]) -> None:
+        for violation in check(declared(args.resources)):
+            report_violation(violation, None)
+
+    return validate
