@@ -1,4 +1,5 @@
-"""The trainer and serving images, built with Docker and imported into the k3d cluster.
+"""The trainer and serving images, built with pulumi-docker-build (BuildKit: its cache, the image's
+digest) and imported into the k3d cluster.
 
 Each image is tagged with a digest of what goes into it, so a code change is a new tag: the pods'
 specs change and roll, and an unchanged tree rebuilds nothing.
@@ -12,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import pulumi
+import pulumi_docker_build as docker_build
 from pulumi_command import local
 
 from pipeline.manifests import Images
@@ -47,8 +49,19 @@ class LocalImagesArgs:
     cluster_id: pulumi.Input[str]  # a new cluster has none of the images: they are imported again
 
 
+def image_build(name: str, image: str, tags: list[str], opts: pulumi.ResourceOptions,
+                **settings: object) -> docker_build.Image:
+    """A BuildKit build of `image`'s Dockerfile with the repository as its context. Not on preview: a
+    PR check's `pulumi preview` would build TensorFlow images to show a digest."""
+    return docker_build.Image(
+        name, context={"location": str(REPO_ROOT)},
+        dockerfile={"location": str(REPO_ROOT / image / "Dockerfile")}, tags=tags, build_on_preview=False,
+        opts=opts, **settings)
+
+
 class LocalImages(pulumi.ComponentResource):
-    """`docker build` then `k3d image import` for each image; pods use them with IfNotPresent."""
+    """Each image built into the local Docker engine, then `k3d image import`ed; pods use them with
+    IfNotPresent."""
 
     images: Images
     imported: list[pulumi.Resource]  # what pods that run these images must depend on
@@ -58,14 +71,14 @@ class LocalImages(pulumi.ComponentResource):
         refs = {image: image_ref(image) for image in IMAGE_INPUTS}
         self.imported = []
         for image, ref in refs.items():
-            build = shlex.join(["docker", "build", "-f", f"{image}/Dockerfile", "-t", ref, "."])
-            load = shlex.join(["k3d", "image", "import", ref, "--cluster", args.cluster_name])
+            build = image_build(f"{name}-{image}-build", image, [ref],
+                                pulumi.ResourceOptions(parent=self), push=False, load=True)
             self.imported.append(local.Command(
                 f"{name}-{image}",
-                create=f"{build} && {load}",
-                dir=str(REPO_ROOT),
-                triggers=[ref, args.cluster_id],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster]),
+                create=shlex.join(["k3d", "image", "import", ref, "--cluster", args.cluster_name]),
+                # Again when the image changes, and into every new cluster.
+                triggers=[build.digest, args.cluster_id],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster, build]),
             ))
         self.images = Images(trainer=refs["trainer"], serving=refs["serving"])
         self.register_outputs({"trainer": refs["trainer"], "serving": refs["serving"]})

@@ -1,21 +1,19 @@
-"""An Artifact Registry repository, and the trainer and serving images built and pushed to it; pods
-use them by digest, so what runs is exactly what was pushed."""
+"""An Artifact Registry repository, and the trainer and serving images built (pulumi-docker-build) and
+pushed to it; pods use them by digest, so what runs is exactly what was pushed."""
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
 
 import pulumi
 import pulumi_gcp as gcp
-from pulumi_command import local
 
-from infra.images import IMAGE_INPUTS, REPO_ROOT, content_tag
+from infra.images import IMAGE_INPUTS, content_tag, image_build
 from pipeline.manifests import Images
 
 REPOSITORY_ID = "dist-ml"
-# The pushed image's digest: what `docker push` registered, as REPOSITORY@sha256:...
-DIGEST_OF = "docker inspect --format '{{index .RepoDigests 0}}' \"$IMAGE\""
+# Artifact Registry takes a Google access token as the password of this user.
+TOKEN_USER = "oauth2accesstoken"
 # What GKE's nodes run (the e2, n1 and g2 machine types are x86): set, not left to the builder's
 # machine, since an image built on an ARM laptop would not start on them ("exec format error").
 IMAGE_PLATFORM = "linux/amd64"
@@ -39,21 +37,17 @@ class RegistryImages(pulumi.ComponentResource):
             description="dist-ml trainer and serving images", opts=pulumi.ResourceOptions(parent=self))
         self.repository = repository
         host = f"{args.region}-docker.pkg.dev"
-        digests = {}
+        # The credentials Pulumi's Google provider runs with (gcloud's application default).
+        registry = {"address": host, "username": TOKEN_USER,
+                    "password": gcp.organizations.get_client_config_output().access_token}
+        refs = {}
         for image, inputs in IMAGE_INPUTS.items():
-            ref = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(inputs)}"
-            steps = [shlex.join(["gcloud", "auth", "configure-docker", host, "--quiet"]),
-                     shlex.join(["docker", "build", "--platform", IMAGE_PLATFORM, "-f", f"{image}/Dockerfile",
-                                 "-t", ref, "."]),
-                     shlex.join(["docker", "push", "--quiet", ref]) + " >&2",
-                     DIGEST_OF]
-            push = local.Command(
-                f"{name}-{image}", create=" && ".join(steps), dir=str(REPO_ROOT),
-                # The platform too: an image pushed before it was set may be for another one.
-                environment={"IMAGE": ref}, triggers=[ref, IMAGE_PLATFORM],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[repository]))
-            digests[image] = push.stdout.apply(str.strip)
-        self.images = pulumi.Output.all(digests["trainer"], digests["serving"]).apply(
-            lambda refs: Images(trainer=refs[0], serving=refs[1]))
-        self.register_outputs({"repository": repository.name, "trainer": digests["trainer"],
-                               "serving": digests["serving"]})
+            tag = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(inputs)}"
+            pushed = image_build(f"{name}-{image}", image, [tag],
+                                 pulumi.ResourceOptions(parent=self, depends_on=[repository]),
+                                 platforms=[IMAGE_PLATFORM], push=True, registries=[registry])
+            refs[image] = pushed.ref  # the tag with the pushed digest: <tag>@sha256:...
+        self.images = pulumi.Output.all(refs["trainer"], refs["serving"]).apply(
+            lambda pushed: Images(trainer=pushed[0], serving=pushed[1]))
+        self.register_outputs({"repository": repository.name, "trainer": refs["trainer"],
+                               "serving": refs["serving"]})

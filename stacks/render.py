@@ -28,6 +28,7 @@ from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAKE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# rendered under Pulumi mocks\n"
 FAKE_DIGEST = "0" * 64
+IMAGE_BUILD = "docker-build:index:Image"
 # Remote components: Pulumi expands these on a real cluster; under mocks only their inputs show.
 GCP_KEY_SETTINGS = (
     "name", "project", "location", "releaseChannel", "workloadIdentityConfig", "removeDefaultNodePool",
@@ -91,12 +92,17 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state.update(endpoint="203.0.113.10", masterAuth={"clusterCaCertificate": "RkFLRS1DQQ=="})
         elif args.typ == "gcp:storage/bucket:Bucket":
             state["url"] = f"gs://{args.inputs.get('name')}"
+        elif args.typ == IMAGE_BUILD:
+            digest = f"sha256:{FAKE_DIGEST}"
+            state.update(digest=digest, ref=f"{args.inputs['tags'][0]}@{digest}")
         if args.typ.startswith("kubernetes:") and "metadata" in state:
             # As the provider autonames: the resource's name when the manifest gives none.
             state["metadata"] = {"name": args.name, **state["metadata"]}
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        if args.token == "gcp:organizations/getClientConfig:getClientConfig":
+            return {"accessToken": "fake-access-token", "project": "", "region": "", "zone": "", "id": ""}
         return {}
 
 
@@ -131,13 +137,8 @@ HEAD_KEYS = ("apiVersion", "kind", "metadata")
 
 
 def command_output(inputs: dict) -> str:
-    """What a command prints: a kubeconfig, or the digest of a pushed image."""
-    if "kubeconfig" in str(inputs.get("create")):
-        return FAKE_KUBECONFIG
-    if "RepoDigests" in str(inputs.get("create")):
-        repository = inputs["environment"]["IMAGE"].rpartition(":")[0]
-        return f"{repository}@sha256:{FAKE_DIGEST}\n"
-    return ""
+    """What a command prints: a kubeconfig (k3d kubeconfig get), or nothing."""
+    return FAKE_KUBECONFIG if "kubeconfig" in str(inputs.get("create")) else ""
 
 
 def kubernetes_object(resource: Declared) -> dict:
@@ -209,6 +210,9 @@ def summary(rendered: Rendered) -> str:
             detail = {key: resource.inputs[key] for key in keys if resource.inputs.get(key)}
         elif resource.type == "command:local:Command":
             detail = {key: resource.inputs[key] for key in ("create", "delete") if resource.inputs.get(key)}
+        elif resource.type == IMAGE_BUILD:
+            detail = {key: resource.inputs[key] for key in ("dockerfile", "tags", "platforms", "push", "load")
+                      if key in resource.inputs}
         elif resource.type.startswith("gcp:"):
             detail = {key: value for key, value in integral_floats_as_ints(resource.inputs).items()
                       if key in GCP_KEY_SETTINGS}

@@ -148,12 +148,13 @@ def test_pipeline_pods_mount_the_bucket_where_the_local_stack_mounts_its_volume(
 def test_pods_use_the_pushed_images_by_digest(gke_stack):
     image = training_pod(gke_stack)["spec"]["containers"][0]["image"]
     registry = rf"us-central1-docker\.pkg\.dev/{PROJECT}/dist-ml"
-    assert re.fullmatch(rf"{registry}/trainer@sha256:[0-9a-f]{{64}}", image)
+    pushed = r":[0-9a-f]{12}@sha256:[0-9a-f]{64}"  # the tag, and the digest it was pushed with
+    assert re.fullmatch(rf"{registry}/trainer{pushed}", image)
     (template,) = objects_of(gke_stack, "WorkflowTemplate")
     isvc = embedded(template, "serve")
-    assert "/dist-ml/serving@sha256:" in isvc["spec"]["predictor"]["containers"][0]["image"]
+    assert re.fullmatch(rf"{registry}/serving{pushed}", isvc["spec"]["predictor"]["containers"][0]["image"])
     serve = [t for t in template["spec"]["templates"] if t["name"] == "serve"][0]
-    assert "/dist-ml/serving@sha256:" in serve["container"]["image"]
+    assert re.fullmatch(rf"{registry}/serving{pushed}", serve["container"]["image"])
 
 
 def pools_of(rendered: render.Rendered) -> dict[str, dict]:
@@ -277,12 +278,19 @@ def test_nodes_have_their_own_service_account_that_may_pull_from_the_repository_
 
 
 def test_images_are_built_for_the_nodes_platform_whatever_machine_builds_them(gke_stack):
-    pushes = {r.name: r.inputs for r in gke_stack.of_type("command:local:Command")
-              if "docker build" in r.inputs.get("create", "")}
-    assert set(pushes) == {"images-trainer", "images-serving"}
-    for name, inputs in pushes.items():
-        assert " docker build --platform linux/amd64 " in f" {inputs['create']} ", name
-        assert "linux/amd64" in inputs["triggers"], name  # a change of platform rebuilds
+    builds = {r.name: r.inputs for r in gke_stack.of_type(render.IMAGE_BUILD)}
+    assert set(builds) == {"images-trainer", "images-serving"}
+    (repository,) = gke_stack.of_type("gcp:artifactregistry/repository:Repository")
+    for name, inputs in builds.items():
+        # BuildKit builds for the platform given (a change of platform is a new build) and pushes.
+        assert inputs["platforms"] == ["linux/amd64"] and inputs["push"] is True, name
+        (registry,) = inputs["registries"]
+        assert registry["address"] == "us-central1-docker.pkg.dev"
+        assert registry["username"] == "oauth2accesstoken"
+        assert inputs["tags"][0].startswith(f"us-central1-docker.pkg.dev/{PROJECT}/dist-ml/")
+        assert inputs["dockerfile"]["location"].endswith(f"{name.removeprefix('images-')}/Dockerfile")
+        (build,) = [r for r in gke_stack.of_type(render.IMAGE_BUILD) if r.name == name]
+        assert repository.name in build.depends_on  # pushed once the repository exists
 
 
 def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
