@@ -28,6 +28,7 @@ from pydantic import (
     Strict,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_serializer,
     model_validator,
@@ -185,7 +186,13 @@ def _variant_list(value: Any) -> Any:
     return tuple(value)
 
 
-Variants = Annotated[tuple[Literal[VARIANTS], ...], BeforeValidator(_variant_list)]
+# Editors are told "names defined in trainer/variants.py", not the names: the committed schemas stay
+# as they are when a variant is added there.
+VARIANTS_SCHEMA = {"type": "array", "items": {"type": "string"}, "minItems": 1, "uniqueItems": True,
+                   "description": "which CNN variants to train, each once: names defined in "
+                                  "trainer/variants.py (default: all of them)"}
+Variants = Annotated[tuple[Literal[VARIANTS], ...], BeforeValidator(_variant_list),
+                     WithJsonSchema(VARIANTS_SCHEMA)]
 Runtime = Literal["custom", "tensorflow"]
 RUNTIMES = get_args(Runtime)
 # What KServe's Standard mode scales on (HPA); concurrency and rps need Knative, which the stacks
@@ -221,7 +228,8 @@ class ServingConfig(WithResources):
 
 class PipelineSettings(WithResources):
     """The `pipeline` section's keys."""
-    variants: Variants = Field(VARIANTS, description="which CNN variants to train, each once")
+    variants: Variants = Field(default_factory=lambda: VARIANTS,
+                               description="which CNN variants to train, each once")
     workers: WholeNumber = Field(
         2, ge=1, description="worker replicas per variant (processes or TFJob Workers)")
     epochs: Positive | None = Field(None, description="training epochs; default: the trainer's rule")
@@ -435,9 +443,21 @@ def standard_keywords(schema: Any) -> Any:
             for key, value in schema.items()}
 
 
+def without_variant_names(schema: Any) -> Any:
+    """`schema` without the variants' names in the sections' defaults (see VARIANTS_SCHEMA)."""
+    if isinstance(schema, list):
+        return [without_variant_names(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {key: ({name: item for name, item in value.items() if name != "variants"}
+                  if key == "default" and isinstance(value, dict) else without_variant_names(value))
+            for key, value in schema.items()}
+
+
 def config_file_schema() -> dict:
     """The JSON Schema of the config file (what `--schema` prints)."""
-    return {"$schema": SCHEMA_DIALECT, **standard_keywords(ConfigFile.model_json_schema())}
+    schema = standard_keywords(without_variant_names(ConfigFile.model_json_schema()))
+    return {"$schema": SCHEMA_DIALECT, **schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,7 @@ from pipeline.config import (
     matching,
     section_at,
     standard_keywords,
+    without_variant_names,
 )
 from pipeline.manifests import DEFAULT_ARGO_VERSION
 
@@ -490,7 +491,7 @@ SECURE_VALUE = {"type": "object", "properties": {"secure": {"type": "string"}}, 
 
 def stack_file_schema() -> dict:
     """The JSON Schema of a Pulumi.<stack>.yaml: its `config` is one stack model, keys prefixed `dist-ml:`."""
-    schema = standard_keywords(stack_settings().json_schema(by_alias=True))
+    schema = standard_keywords(without_variant_names(stack_settings().json_schema(by_alias=True)))
     definitions = schema.pop("$defs")
     for model in stack_models().values():
         definition = definitions[model.__name__]
