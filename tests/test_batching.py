@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
-from serving.batching import DynamicBatcher
+import pytest
+
+from serving.batching import BatchFailed, DynamicBatcher, QueueFull
 
 
 def doubling(calls: list[list[int]]):
@@ -71,3 +74,106 @@ def test_batches_count_instances_not_requests():
 
     asyncio.run(main())
     assert sizes == [10, 5]
+
+
+def test_a_batch_that_raises_fails_only_its_requests_with_a_server_error_and_the_loop_goes_on():
+    def run(requests):
+        if "boom" in requests:
+            raise ValueError("boom")  # a ValueError must not pass as the client's fault
+        return list(requests)
+
+    batcher = DynamicBatcher(run, size_of=lambda r: 1, max_batch_size=4, max_wait_seconds=0.01)
+
+    async def main():
+        failed = await asyncio.gather(batcher.submit("boom"), batcher.submit("x"), return_exceptions=True)
+        return failed, await batcher.submit("next")
+
+    failed, after = asyncio.run(main())
+    assert all(isinstance(e, BatchFailed) and not isinstance(e, ValueError) for e in failed)
+    assert after == "next"
+
+
+def test_a_per_request_error_fails_only_that_request():
+    batcher = DynamicBatcher(lambda requests: [KeyError(r) if r < 0 else r for r in requests],
+                             size_of=lambda r: 1, max_batch_size=4, max_wait_seconds=0.02)
+
+    async def main():
+        return await asyncio.gather(*[batcher.submit(r) for r in (1, -1, 2)], return_exceptions=True)
+
+    one, bad, two = asyncio.run(main())
+    assert (one, two) == (1, 2) and isinstance(bad, KeyError)
+
+
+def test_results_that_do_not_match_the_requests_fail_the_batch_not_the_loop():
+    answers = {"short": True}
+
+    def run(requests):
+        return list(requests)[:-1] if answers["short"] else list(requests)
+
+    batcher = DynamicBatcher(run, size_of=lambda r: 1, max_batch_size=4, max_wait_seconds=0.02)
+
+    async def main():
+        results = await asyncio.gather(*[batcher.submit(i) for i in range(3)], return_exceptions=True)
+        answers["short"] = False
+        return results, await batcher.submit(9)
+
+    results, after = asyncio.run(main())
+    assert all(isinstance(r, BatchFailed) and "2 results for 3 requests" in str(r) for r in results)
+    assert after == 9
+
+
+def test_a_full_queue_refuses_at_once_and_counts_it_then_admits_again():
+    refused: list[int] = []
+    release = threading.Event()
+
+    def run(requests):
+        release.wait(5)
+        return list(requests)
+
+    batcher = DynamicBatcher(run, size_of=len, max_batch_size=64, max_wait_seconds=0.01, max_queued=4,
+                             on_queue_full=lambda: refused.append(1))
+
+    async def main():
+        first = asyncio.ensure_future(batcher.submit([1, 2, 3]))
+        await asyncio.sleep(0.05)  # the first request is in the model now
+        started = time.perf_counter()
+        with pytest.raises(QueueFull, match="3 images queued, 2 more would pass the limit of 4"):
+            await batcher.submit([4, 5])
+        refused_in = time.perf_counter() - started
+        release.set()
+        return await first, refused_in, await batcher.submit([7, 8, 9, 10, 11])
+
+    first, refused_in, alone = asyncio.run(main())
+    assert first == [1, 2, 3] and refused_in < 0.05 and refused == [1]
+    assert alone == [7, 8, 9, 10, 11]  # an empty batcher admits one request larger than the bound
+    assert batcher.queued == 0
+
+
+def test_a_cancelled_request_is_left_out_and_does_not_block_the_others():
+    calls: list[list[int]] = []
+    batcher = DynamicBatcher(doubling(calls), size_of=lambda r: 1, max_batch_size=8, max_wait_seconds=0.1)
+
+    async def main():
+        gone = asyncio.ensure_future(batcher.submit(1))
+        waiting = asyncio.ensure_future(batcher.submit(2))
+        await asyncio.sleep(0.01)  # both queued, the batch still collecting
+        gone.cancel()  # its client went away
+        result = await asyncio.wait_for(waiting, 2)
+        return result, gone.cancelled(), await asyncio.wait_for(batcher.submit(3), 2)
+
+    result, cancelled, after = asyncio.run(main())
+    assert (result, cancelled, after) == (4, True, 6)
+    assert calls == [[2], [3]] and batcher.queued == 0
+
+
+def test_the_worker_is_restarted_if_it_died():
+    batcher = DynamicBatcher(lambda requests: list(requests), size_of=lambda r: 1, max_batch_size=4,
+                             max_wait_seconds=0.01)
+
+    async def main():
+        assert await batcher.submit(1) == 1
+        batcher._worker.cancel()
+        await asyncio.sleep(0)
+        return await asyncio.wait_for(batcher.submit(2), 2)
+
+    assert asyncio.run(main()) == 2
