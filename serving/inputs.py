@@ -7,6 +7,7 @@ import base64
 import binascii
 import dataclasses
 import io
+import math
 
 import numpy as np
 from kserve.errors import InvalidInput
@@ -16,8 +17,14 @@ from PIL import Image, UnidentifiedImageError
 from trainer.fashion_mnist import IMAGE_SIZE, MAX_PIXEL_VALUE
 
 MAX_INSTANCES = 64
-MAX_IMAGE_PIXELS = 4096 * 4096  # width x height of one encoded image
+MAX_IMAGE_PIXELS = 4096 * 4096  # width x height of one encoded image, read from its header
+# All the images of one request together: what one request may make the model decode (~50 MB as RGB).
+MAX_REQUEST_PIXELS = 4096 * 4096
 ALLOWED_FORMATS = ("PNG", "JPEG")
+PIXEL_DATATYPES = ("UINT8", "FP32")
+# PIL's own check at ours: it warns past it, and raises DecompressionBombError past twice it (from
+# the header, in Image.open); ours refuses everything past it before decoding.
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,28 +45,53 @@ def check_count(count: int) -> None:
         raise InvalidInput(f"{count} instances: at most {MAX_INSTANCES} per request")
 
 
-def check_image(data: bytes, where: str) -> bytes:
-    """Opens the image header and decodes it fully, so that a truncated or fake image is a 400."""
+def unreadable(where: str, error: BaseException) -> InvalidInput:
+    return InvalidInput(f"{where}: not a readable PNG or JPEG image ({type(error).__name__}: {error})")
+
+
+def image_pixels(data: bytes, where: str) -> int:
+    """Width x height of an encoded image, refused from its header when over MAX_IMAGE_PIXELS (a
+    small file can declare billions), then decoded fully so that a truncated or fake image is a 400.
+    Every decoder error is the input's fault: PIL raises many kinds (OSError, SyntaxError,
+    ValueError, struct.error, EOFError, IndexError...) on hostile files, so all are caught."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.format not in ALLOWED_FORMATS:
-                raise InvalidInput(f"{where}: {image.format} images are not accepted; send PNG or JPEG")
-            width, height = image.size
-            if width * height > MAX_IMAGE_PIXELS:
-                raise InvalidInput(f"{where}: image is {width}x{height}, over the limit of "
-                                   f"{MAX_IMAGE_PIXELS} pixels")
+        image = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError:
+        raise InvalidInput(f"{where}: image declares a size over the limit of {MAX_IMAGE_PIXELS} "
+                           "pixels") from None
+    except UnidentifiedImageError:
+        raise InvalidInput(f"{where}: not a readable PNG or JPEG image") from None
+    except Exception as error:
+        raise unreadable(where, error) from None
+    with image:
+        if image.format not in ALLOWED_FORMATS:
+            raise InvalidInput(f"{where}: {image.format} images are not accepted; send PNG or JPEG")
+        width, height = image.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise InvalidInput(f"{where}: image is {width}x{height}, over the limit of "
+                               f"{MAX_IMAGE_PIXELS} pixels")
+        try:
             image.load()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise InvalidInput(f"{where}: not a readable PNG or JPEG image ({error})") from None
-    return data
+        except Exception as error:
+            raise unreadable(where, error) from None
+    return width * height
 
 
-def decode_b64(text: object, where: str) -> bytes:
+def check_images(images: list[bytes], wheres: list[str]) -> list[bytes]:
+    """Each image readable and within the limit, and all of them within MAX_REQUEST_PIXELS."""
+    total = sum(image_pixels(data, where) for data, where in zip(images, wheres, strict=True))
+    if total > MAX_REQUEST_PIXELS:
+        raise InvalidInput(f"the request's images hold {total} pixels together, over the limit of "
+                           f"{MAX_REQUEST_PIXELS}")
+    return images
+
+
+def b64_bytes(text: object, where: str) -> bytes:
     if not isinstance(text, str):
         raise InvalidInput(f"{where}: 'b64' must be a base64 string")
     try:
-        return check_image(base64.b64decode(text, validate=True), where)
-    except binascii.Error as error:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as error:  # ValueError: text that is not ASCII
         raise InvalidInput(f"{where}: invalid base64 ({error})") from None
 
 
@@ -95,7 +127,7 @@ def encoded_instance(instance: dict, where: str) -> bytes:
     if set(instance) != {"b64"}:
         raise InvalidInput(f"{where}: expected {{\"image_bytes\": {{\"b64\": ...}}}} or "
                            f"{{\"b64\": ...}}, got keys {sorted(instance)}")
-    return decode_b64(instance["b64"], where)
+    return b64_bytes(instance["b64"], where)
 
 
 def parse_v1(body: object) -> Batch:
@@ -110,35 +142,96 @@ def parse_v1(body: object) -> Batch:
     if "unknown" in kinds:
         raise InvalidInput("each instance must be an object with 'b64' or a 28x28 pixel array")
     if kinds == {"encoded"}:
-        return Batch(encoded=[encoded_instance(x, f"instance {i}") for i, x in enumerate(instances)])
+        wheres = [f"instance {i}" for i in range(len(instances))]
+        return Batch(encoded=check_images([encoded_instance(x, w) for x, w in zip(instances, wheres)],
+                                          wheres))
     if kinds == {"pixels"}:
         return Batch(pixels=np.stack([check_pixels(x, f"instance {i}") for i, x in enumerate(instances)]))
     raise InvalidInput("mixing encoded images and pixel arrays in one request is not supported")
 
 
+def check_shape(name: str, shape: object) -> list[int]:
+    if (not isinstance(shape, (list, tuple))
+            or not all(isinstance(size, int) and not isinstance(size, bool) for size in shape)):
+        raise InvalidInput(f"input {name!r}: shape must be a list of integers, got {shape!r}")
+    if any(size < 0 for size in shape):
+        raise InvalidInput(f"input {name!r}: shape {list(shape)} has a negative dimension")
+    return list(shape)
+
+
+def flat_values(name: str, data: object) -> list:
+    """The JSON `data` of a tensor, flattened (it may be nested or flat, as the protocol allows)."""
+    if isinstance(data, np.ndarray):
+        return list(data.reshape(-1))
+    if not isinstance(data, list):
+        raise InvalidInput(f"input {name!r}: data must be a list, got {type(data).__name__}")
+    values, stack = [], [iter(data)]
+    while stack:  # iterative: a deeply nested body must not exhaust the stack
+        item = next(stack[-1], stack)
+        if item is stack:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append(iter(item))
+        else:
+            values.append(item)
+    return values
+
+
+def tensor_array(tensor, shape: list[int]) -> np.ndarray:
+    """The pixel tensor's values as float64 of `shape`, each checked against its datatype."""
+    name, datatype = tensor.name, tensor.datatype
+    if getattr(tensor, "_raw_data", None) is not None:  # the binary extension: sized by numpy
+        try:
+            return tensor.as_numpy().astype(np.float64)
+        except Exception as error:
+            raise InvalidInput(f"input {name!r}: binary data does not match shape {shape} and datatype "
+                               f"{datatype} ({error})") from None
+    values = flat_values(name, tensor.data)
+    if len(values) != math.prod(shape):
+        raise InvalidInput(f"input {name!r}: shape {shape} holds {math.prod(shape)} values, data has "
+                           f"{len(values)}")
+    array = np.asarray(values)
+    if array.dtype.kind not in "iuf":  # strings, booleans, objects (integers past 64 bits)
+        raise InvalidInput(f"input {name!r}: {datatype} data must be numbers")
+    array = array.astype(np.float64)
+    if datatype == "UINT8" and not (np.isfinite(array).all() and (array == np.round(array)).all()
+                                    and array.min() >= 0 and array.max() <= 255):
+        raise InvalidInput(f"input {name!r}: UINT8 data must be integers within 0-255")
+    return array.reshape(shape)
+
+
 def parse_v2(request: InferRequest) -> Batch:
     """An Open Inference Protocol request with one input: BYTES of encoded images (base64 text over
-    JSON, raw bytes over binary or gRPC), or UINT8 / FP32 pixels of shape [N, 28, 28, 1]."""
+    JSON, raw bytes over binary or gRPC), or UINT8 / FP32 pixels of shape [N, 28, 28, 1]. The shape
+    must hold exactly the values sent, and the values must fit their datatype."""
     if len(request.inputs) != 1:
         raise InvalidInput(f"expected exactly one input, got {len(request.inputs)}")
     tensor = request.inputs[0]
+    shape = check_shape(tensor.name, tensor.shape)
     if tensor.datatype == "BYTES":
-        values = list(np.asarray(tensor.data, dtype=object).reshape(-1))
+        if getattr(tensor, "_raw_data", None) is not None:
+            try:
+                values = list(tensor.as_numpy().reshape(-1))
+            except Exception as error:
+                raise InvalidInput(f"input {tensor.name!r}: binary data does not match shape {shape} "
+                                   f"({error})") from None
+        else:
+            values = flat_values(tensor.name, tensor.data)
+        if len(values) != math.prod(shape):
+            raise InvalidInput(f"input {tensor.name!r}: shape {shape} holds {math.prod(shape)} values, "
+                               f"data has {len(values)}")
         check_count(len(values))
-        return Batch(encoded=[
-            check_image(value, f"element {i}") if isinstance(value, bytes)
-            else decode_b64(value, f"element {i}") for i, value in enumerate(values)
-        ])
-    if tensor.datatype not in ("UINT8", "FP32"):
+        wheres = [f"element {i}" for i in range(len(values))]
+        return Batch(encoded=check_images([
+            value if isinstance(value, bytes) else b64_bytes(value, where)
+            for value, where in zip(values, wheres)
+        ], wheres))
+    if tensor.datatype not in PIXEL_DATATYPES:
         raise InvalidInput(f"input {tensor.name!r}: datatype {tensor.datatype} is not accepted; "
                            "use BYTES, UINT8 or FP32")
-    if len(tensor.shape) != 4 or list(tensor.shape[1:]) != [IMAGE_SIZE, IMAGE_SIZE, 1]:
-        raise InvalidInput(f"input {tensor.name!r}: shape {list(tensor.shape)}, expected "
+    if len(shape) != 4 or shape[1:] != [IMAGE_SIZE, IMAGE_SIZE, 1]:
+        raise InvalidInput(f"input {tensor.name!r}: shape {shape}, expected "
                            f"[N, {IMAGE_SIZE}, {IMAGE_SIZE}, 1]")
-    check_count(tensor.shape[0])
-    try:
-        pixels = tensor.as_numpy()
-    except (ValueError, TypeError) as error:
-        raise InvalidInput(f"input {tensor.name!r}: data does not match its shape and datatype "
-                           f"({error})") from None
+    check_count(shape[0])
+    pixels = tensor_array(tensor, shape)
     return Batch(pixels=np.stack([check_pixels(x, f"element {i}") for i, x in enumerate(pixels)]))

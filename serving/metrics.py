@@ -13,6 +13,8 @@ LATENCY = Histogram("dist_ml_request_seconds", "Inference request latency", ["pr
 ERRORS = Counter("dist_ml_errors_total", "Failed inference requests", ["kind"])
 BATCH_SIZE = Histogram("dist_ml_batch_size", "Instances per model call", buckets=BATCH_BUCKETS)
 MODEL_VERSION = Gauge("dist_ml_model_version", "Model version being served", ["model"])
+QUEUE_FULL = Counter("dist_ml_queue_full_total",
+                     "Inference requests refused with 503: the batcher's queue was full")
 LOG_ENTRIES_DROPPED = Counter("dist_ml_log_entries_dropped_total",
                               "Request log entries dropped: queue full or sink failing")
 

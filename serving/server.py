@@ -2,13 +2,14 @@
 
     python -m serving.server (--model-repo REPO | --model-base-path DIR) --model-name fmnist
         [--http-port 8080] [--grpc-port 8081] [--max-batch-size 32] [--max-batch-wait-ms 5]
-        [--log-file FILE | --log-url URL]
+        [--max-queued-images 1024] [--log-file FILE | --log-url URL]
 
 Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService
 (there with `--model-base-path /mnt/models`, where KServe's storage initializer puts a release).
 The versions are the committed numbered directories under REPO/<model-name>/, or under DIR.
 Concurrent requests are batched; a newer version is served once loaded; bodies over
---max-body-bytes get a 413; /metrics is Prometheus; SIGTERM lets in-flight requests finish.
+--max-body-bytes get a 413; past --max-queued-images waiting images a request gets a 503 with
+Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from kserve.model_server import app
 from timing_asgi import TimingMiddleware
 
 from common import cli
+from serving.batching import QueueFull
 from serving.metrics import ERRORS, LATENCY, REQUESTS, error_kind
-from serving.model import FashionMnistModel
+from serving.model import DEFAULT_MAX_QUEUED_IMAGES, FashionMnistModel
 from serving.request_log import RequestLogger, cloudevents_sink, file_sink
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# What a 503 for a full queue tells clients to wait: the queue drains in under a second.
+RETRY_AFTER_SECONDS = 1
 INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/[^/]+:predict$"),
                    "v2": re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")}
 
@@ -103,6 +107,16 @@ def too_large(size: int, max_body_bytes: int) -> JSONResponse:
                                   f"{max_body_bytes} bytes"}, status_code=413)
 
 
+async def queue_full_handler(_request: object, error: QueueFull) -> JSONResponse:
+    return JSONResponse({"error": str(error)}, status_code=503,
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def add_error_handlers(application: FastAPI) -> None:
+    """Errors of ours that KServe's handlers do not know (they would be 500s)."""
+    application.add_exception_handler(QueueFull, queue_full_handler)
+
+
 def without_kserve_timing(app: FastAPI) -> None:
     """Leaves KServe's TimingMiddleware out of `app` when Starlette builds its middleware stack.
 
@@ -134,6 +148,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--poll-seconds", type=cli.positive_float, default=2.0,
                         help="how often to look for a newer version")
     parser.add_argument("--max-body-bytes", type=cli.positive_int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--max-queued-images", type=cli.positive_int, default=DEFAULT_MAX_QUEUED_IMAGES,
+                        help="images waiting or in the model before requests get a 503 "
+                             "(default: under a second of work)")
     sinks = parser.add_mutually_exclusive_group()
     sinks.add_argument("--log-file", type=Path, help="append each request and response as a JSON line")
     sinks.add_argument("--log-url", help="post each request and response as CloudEvents")
@@ -158,9 +175,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     model = FashionMnistModel(args.model_name, base_path(args), args.max_batch_size,
                               args.max_batch_wait_ms / 1000, args.poll_seconds,
-                              request_logger(args), args.log_payloads)
+                              request_logger(args), args.log_payloads, args.max_queued_images)
     model.load()
     app.add_middleware(LimitAndMeasure, max_body_bytes=args.max_body_bytes)
+    add_error_handlers(app)
     without_kserve_timing(app)
     # KServe's per-request latency log lines are off: dist_ml_request_seconds measures the same.
     ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,

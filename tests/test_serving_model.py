@@ -8,7 +8,9 @@ import concurrent.futures
 import gc
 import io
 import shutil
+import struct
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -228,3 +230,71 @@ def test_no_committed_version_is_a_clear_error(published_repo, tmp_path):
     (half_written / "COMMITTED").unlink()
     with pytest.raises(FileNotFoundError, match="base: no published version"):
         FashionMnistModel(MODEL, tmp_path / "base").load()
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG of ~70 bytes whose header declares width x height (8-bit grey), with a token of data."""
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + png_chunk(b"IDAT", zlib.compress(b"\0" * 64)) + png_chunk(b"IEND", b""))
+
+
+def v2_pixels(shape, data, datatype="UINT8") -> dict:
+    return {"inputs": [{"name": "pixels", "shape": shape, "datatype": datatype, "data": data}]}
+
+
+@pytest.mark.parametrize("body, message", [
+    (v2_pixels([1, 28, 28, 1], [0] * 783), "shape [1, 28, 28, 1] holds 784 values, data has 783"),
+    (v2_pixels([2, 28, 28, 1], [0] * 784), "holds 1568 values, data has 784"),
+    (v2_pixels([-1, 28, 28, 1], [0] * 784), "negative dimension"),
+    (v2_pixels([1, 28, 28, 1], [300] * 784), "UINT8 data must be integers within 0-255"),
+    (v2_pixels([1, 28, 28, 1], [-1] * 784), "UINT8 data must be integers within 0-255"),
+    (v2_pixels([1, 28, 28, 1], [1.5] * 784), "UINT8 data must be integers within 0-255"),
+    (v2_pixels([1, 28, 28, 1], ["a"] * 784), "UINT8 data must be numbers"),
+    (v2_pixels([1, 28, 28, 1], [2 ** 70] * 784), "UINT8 data must be numbers"),
+    (v2_pixels([1, 28, 28, 1], [1e300] * 784, "FP32"), "within 0-255"),
+    ({"inputs": [{"name": "b", "shape": [2], "datatype": "BYTES", "data": ["AA=="]}]},
+     "shape [2] holds 2 values, data has 1"),
+    ({"inputs": [{"name": "b", "shape": [-1], "datatype": "BYTES", "data": ["AA=="]}]},
+     "negative dimension"),
+    ({"inputs": [{"name": "b", "shape": [1], "datatype": "BYTES",
+                  "data": [b64(png_header_only(100_000, 100_000))]}]}, "over the limit of"),
+    ({"inputs": [{"name": "b", "shape": [1], "datatype": "BYTES",
+                  "data": [b64(png_header_only(5000, 5000))]}]}, "image is 5000x5000, over the limit"),
+])
+def test_bad_v2_input_is_a_400_naming_the_problem(served, body, message):
+    _, client = served
+    response = client.post(f"/v2/models/{MODEL}/infer", json=body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]
+
+
+def test_an_image_declaring_billions_of_pixels_is_refused_from_its_header(served):
+    _, client = served
+    bomb = png_header_only(65_535, 65_535)  # 4.3 billion pixels in 33 bytes
+    response = client.post(f"/v1/models/{MODEL}:predict", json={"instances": [{"b64": b64(bomb)}]})
+    assert response.status_code == 400 and "over the limit of" in response.json()["error"]
+
+
+def test_v2_metadata_describes_the_signatures_inputs_and_outputs(served, published_repo):
+    _, client = served
+    response = client.get(f"/v2/models/{MODEL}")
+    assert response.status_code == 200, response.text
+    loaded = tf.saved_model.load(str(published_repo / MODEL / "1"))
+    v2_types = {tf.string: "BYTES", tf.float32: "FP32", tf.int32: "INT32"}
+
+    def described(specs: dict) -> dict:
+        return {name: (v2_types[spec.dtype], [-1 if s is None else s for s in spec.shape.as_list()])
+                for name, spec in specs.items()}
+
+    signature_inputs = {**described(loaded.signatures["serving_default"].structured_input_signature[1]),
+                        **described(loaded.signatures["pixels"].structured_input_signature[1])}
+    signature_outputs = described(loaded.signatures["serving_default"].structured_outputs)
+    metadata = response.json()
+    assert {t["name"]: (t["datatype"], t["shape"]) for t in metadata["inputs"]} == signature_inputs
+    assert {t["name"]: (t["datatype"], t["shape"]) for t in metadata["outputs"]} == signature_outputs
+    assert signature_inputs == {"image_bytes": ("BYTES", [-1]), "pixels": ("FP32", [-1, 28, 28, 1])}
+    assert signature_outputs["probabilities"] == ("FP32", [-1, 10])

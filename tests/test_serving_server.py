@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -356,3 +357,61 @@ def test_sigterm_lets_in_flight_requests_finish(published_repo, image_dir, tmp_p
         assert result["response"].status_code == 200
         assert process.wait(timeout=40) == 0
 
+
+
+@pytest.fixture(scope="module")
+def slow_batch_server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A server whose batches wait 1.5 s to fill and which admits one image at a time."""
+    work = tmp_path_factory.mktemp("slow-batch-server")
+    with model_server(published_repo, MODEL, work / "server.log", "--max-batch-wait-ms", "1500",
+                      "--max-batch-size", "64", "--max-queued-images", "1") as (url, _):
+        yield url
+
+
+def queue_full_count(url: str) -> float:
+    metrics = requests.get(f"{url}/metrics").text
+    match = re.search(r"^dist_ml_queue_full_total (\S+)$", metrics, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def post_in_background(url: str, path: str, body: dict) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(
+        response=requests.post(url + path, json=body, timeout=30)))
+    thread.start()
+    return thread, result
+
+
+def test_a_full_queue_is_a_503_with_retry_after_counted_in_metrics(slow_batch_server, image_dir):
+    url = slow_batch_server
+    path, body = png_body(image_dir)
+    before = queue_full_count(url)
+    first, result = post_in_background(url, path, body)
+    time.sleep(0.5)  # the first image now waits in the batcher for its batch to fill
+    started = time.perf_counter()
+    refused = requests.post(url + path, json=body, timeout=30)
+    refused_in = time.perf_counter() - started
+    first.join(timeout=30)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["Retry-After"] == "1" and "retry" in refused.json()["error"]
+    assert refused_in < 1.0  # refused at once, not after waiting for the batch
+    assert result["response"].status_code == 200
+    assert queue_full_count(url) == before + 1
+    assert requests.post(url + path, json=body, timeout=30).status_code == 200
+
+
+def test_a_client_that_goes_away_does_not_block_the_others(slow_batch_server, image_dir):
+    url = slow_batch_server
+    path, body = png_body(image_dir)
+    payload = json.dumps(body).encode()
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as gone:
+        gone.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        time.sleep(0.3)  # admitted and waiting for its batch
+    deadline = time.monotonic() + 10
+    while (response := requests.post(url + path, json=body, timeout=30)).status_code == 503:
+        assert time.monotonic() < deadline, "the gone client's image was never let go"
+        time.sleep(0.2)
+    assert response.status_code == 200
+    assert requests.get(f"{url}/v2/health/ready").status_code == 200
