@@ -15,7 +15,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -460,13 +460,18 @@ def config_file_schema() -> dict:
     return {"$schema": SCHEMA_DIALECT, **schema}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def schema_command(prog: str, schema: Callable[[], dict], argv: Sequence[str] | None) -> int:
+    """`python -m <prog> --schema`: prints the JSON Schema; anything else is a usage error."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args != ["--schema"]:
-        print("usage: python -m pipeline.config --schema", file=sys.stderr)
+        print(f"usage: python -m {prog} --schema", file=sys.stderr)
         return 2
-    print(json.dumps(config_file_schema(), indent=2))
+    print(json.dumps(schema(), indent=2))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return schema_command("pipeline.config", config_file_schema, argv)
 
 
 if __name__ == "__main__":

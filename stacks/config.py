@@ -44,6 +44,7 @@ from pipeline.config import (
     fail,
     key_path,
     matching,
+    schema_command,
     section_at,
     standard_keywords,
     without_variant_names,
@@ -506,12 +507,7 @@ def stack_file_schema() -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args != ["--schema"]:
-        print("usage: python -m stacks.config --schema", file=sys.stderr)
-        return 2
-    print(json.dumps(stack_file_schema(), indent=2))
-    return 0
+    return schema_command("stacks.config", stack_file_schema, argv)
 
 
 if __name__ == "__main__":
