@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kserve import ModelServer
 from kserve.model_server import app
@@ -112,9 +113,18 @@ async def queue_full_handler(_request: object, error: QueueFull) -> JSONResponse
                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
+async def invalid_request_handler(_request: object, error: RequestValidationError) -> JSONResponse:
+    """FastAPI's own 422 echoes the offending input, and fails to serialise it (a 500) when it holds
+    NaN or infinity: the problems are named without the input."""
+    problems = "; ".join(f"{'.'.join(map(str, problem.get('loc', ())))}: {problem.get('msg', '')}"
+                         for problem in error.errors())
+    return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+
+
 def add_error_handlers(application: FastAPI) -> None:
-    """Errors of ours that KServe's handlers do not know (they would be 500s)."""
+    """Errors that KServe's handlers do not know (a 500) or answer badly."""
     application.add_exception_handler(QueueFull, queue_full_handler)
+    application.add_exception_handler(RequestValidationError, invalid_request_handler)
 
 
 def without_kserve_timing(app: FastAPI) -> None:

@@ -211,6 +211,16 @@ def test_a_chunked_body_is_held_to_the_same_limit(server, image_dir):
     assert response.status_code == 413 and "over the limit of 100000 bytes" in response.json()["error"]
 
 
+@pytest.mark.parametrize("body", ['{"inputs": Infinity}', '{"inputs": [{"name": "x", "shape": [NaN], '
+                                  '"datatype": "FP32", "data": [1]}]}'])
+def test_an_invalid_v2_body_holding_nan_or_infinity_is_a_422(server, body):
+    url, _ = server
+    response = requests.post(f"{url}/v2/models/{MODEL}/infer", data=body,
+                             headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"].startswith("invalid request: ")
+
+
 def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir):
     url, _ = server
     path, body = png_body(image_dir, "v2")
