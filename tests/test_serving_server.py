@@ -126,6 +126,8 @@ SERVER_ARGS = ["--model-repo", "runs/models"]
      "argument --max-batch-wait-ms: must be a finite number >= 0, got -1"),
     (server_module, "serving.server", [*SERVER_ARGS, "--max-batch-wait-ms", "inf"],
      "argument --max-batch-wait-ms: must be a finite number >= 0, got inf"),
+    (server_module, "serving.server", [*SERVER_ARGS, "--max-queued-images", "0"],
+     "argument --max-queued-images: must be a positive integer, got 0"),
     (server_module, "serving.server", ["--model-name", MODEL],
      "one of the arguments --model-repo --model-base-path is required"),
     (server_module, "serving.server", [*SERVER_ARGS, "--model-base-path", "/mnt/models"],
