@@ -226,6 +226,14 @@ class ServingConfig(WithResources):
         return self
 
 
+class Promotion(Section):
+    """The `pipeline.promotion` section: when selection publishes its winner over the served version."""
+    min_improvement: Number = Field(
+        0.0, ge=0.0, le=1.0,
+        description="publish only if the winner's validation accuracy is at least the served version's "
+                    "plus this (0-1; 0: not worse)")
+
+
 class PipelineSettings(WithResources):
     """The `pipeline` section's keys."""
     variants: Variants = Field(default_factory=lambda: VARIANTS,
@@ -253,6 +261,8 @@ class PipelineSettings(WithResources):
                                          description="requests and limits of each training worker")
     step_resources: Resources = Field(
         DEFAULT_STEP_RESOURCES, description="requests and limits of ingest and select")
+    promotion: Promotion = Field(
+        Promotion(), description="the promotion gate: {minImprovement}, the margin over the served version")
 
     @property
     def memoize_max_age_seconds(self) -> int:

@@ -186,7 +186,8 @@ def train_step(config: PipelineConfig, layout: Layout, variant: str) -> Step:
 def select_step(config: PipelineConfig, layout: Layout) -> Step:
     exports = [layout.export(variant) for variant in config.variants]
     args = ["--candidates", *exports, "--data-dir", layout.data, "--model-repo", layout.models,
-            "--model-name", config.model_name, "--releases-dir", layout.releases]
+            "--model-name", config.model_name, "--releases-dir", layout.releases,
+            "--min-improvement", f"{config.promotion.min_improvement:g}"]
     return Step(name=SELECT, kind=StepKind.SELECT, image=TRAINER_IMAGE, module="trainer.select",
                 args=tuple(args), inputs=(layout.data, *exports), outputs=(layout.models, layout.releases),
                 depends=tuple(train_step_name(v) for v in config.variants),

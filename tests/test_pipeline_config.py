@@ -67,7 +67,27 @@ BAD_CONFIGS = [
     ({"serving": {"scaleMetric": "gpu"}}, "serving.scaleMetric"),
     ({"serving": {"maxBatchWaitMs": float("nan")}}, "serving.maxBatchWaitMs"),
     ({"serving": {"httpPort": 70000}}, "serving.httpPort"),
+    ({"pipeline": {"promotion": {"minImprovement": 1.5}}},
+     "pipeline.promotion.minImprovement: must be a number <= 1, got 1.5"),
+    ({"pipeline": {"promotion": {"minImprovement": -0.01}}},
+     "pipeline.promotion.minImprovement: must be a number >= 0, got -0.01"),
+    ({"pipeline": {"promotion": {"minImprovement": "1%"}}}, "pipeline.promotion.minImprovement"),
+    ({"pipeline": {"promotion": {"minImprovement": True}}}, "pipeline.promotion.minImprovement"),
+    ({"pipeline": {"promotion": {"minImprovment": 0.1}}},
+     "pipeline.promotion.minImprovment: unknown setting; known: minImprovement"),
+    ({"pipeline": {"promotion": 0.1}}, "pipeline.promotion: must be a mapping"),
 ]
+
+
+def test_the_promotion_margin_defaults_to_not_worse_and_reaches_select():
+    from pipeline.definition import build_steps
+
+    assert parse_config(None).promotion.min_improvement == 0.0
+    config = parse_config({"pipeline": {"promotion": {"minImprovement": 0.005}}})
+    assert config.promotion.min_improvement == 0.005
+    assert parse_config({"pipeline": {"promotion": {"minImprovement": 1}}}).promotion.min_improvement == 1.0
+    (select,) = [step for step in build_steps(config, "/data") if step.name == "select"]
+    assert select.args[-2:] == ("--min-improvement", "0.005")
 
 
 @pytest.mark.parametrize(("raw", "message"), BAD_CONFIGS, ids=[m.split(":")[0] for _, m in BAD_CONFIGS])

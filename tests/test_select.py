@@ -12,8 +12,8 @@ from conftest import last_line, run_module
 from PIL import Image
 
 from trainer import model_repository
-from trainer.atomic import COMMIT_MARKER, is_committed
-from trainer.select import CandidateError, select_and_publish
+from trainer.atomic import COMMIT_MARKER, commit, is_committed
+from trainer.select import LAST_SELECTION_FILE, CandidateError, promotes, select_and_publish
 
 
 @pytest.fixture
@@ -57,7 +57,9 @@ def test_interrupted_publish_leaves_no_partial_version(candidates, data_dir, tmp
 
     assert model_repository.versions(repo, "fmnist") == [1]
     assert sorted(p.relative_to(repo) for p in (repo / "fmnist" / "1").rglob("*")) == version_1
-    assert [p.name for p in (repo / "fmnist").iterdir()] == ["1"]
+    assert [p.name for p in (repo / "fmnist").iterdir() if p.is_dir()] == ["1"]
+    # The record of the last selection is the finished one's: an interrupted publish wrote none.
+    assert json.loads((repo / "fmnist" / LAST_SELECTION_FILE).read_text())["version"] == 1
 
 
 def test_a_crashed_publisher_staging_directory_is_not_a_version(candidates, data_dir, tmp_path):
@@ -143,3 +145,103 @@ def test_cli_missing_candidate_is_one_line(data_dir, tmp_path):
                         data_dir, "--model-repo", tmp_path / "models")
     assert result.returncode == 2
     assert last_line(result.stderr) == f"select: error: {tmp_path / 'nope'}: no such export directory"
+
+
+# --- The promotion gate: the winner against the served version, on the validation images -----------
+
+ALWAYS_PREDICTED_CLASS = 0
+
+
+@pytest.fixture(scope="module")
+def constant_export(tmp_path_factory) -> Path:
+    """A committed export that answers class 0 for every image: right on a tenth of balanced data,
+    so any trained model is better and it is never better than one."""
+    import numpy as np
+    import tf_keras as keras
+
+    from trainer.export import save_for_serving
+
+    export_dir = tmp_path_factory.mktemp("constant") / "constant"
+    model = keras.Sequential([keras.layers.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10, kernel_initializer="zeros")])
+    bias = np.zeros(10, dtype="float32")
+    bias[ALWAYS_PREDICTED_CLASS] = 10.0
+    model.layers[-1].bias.assign(bias)
+    save_for_serving(model, str(export_dir))
+    commit(export_dir)
+    return export_dir
+
+
+def test_the_gate_is_better_by_at_least_the_margin_and_zero_means_not_worse():
+    assert promotes(0.80, None, 0.5)  # nothing served: the first version
+    assert promotes(0.90, 0.90, 0.0) and not promotes(0.89, 0.90, 0.0)
+    assert promotes(0.93, 0.92, 0.01)  # float rounding (0.93 - 0.92 < 0.01) does not decide
+    assert not promotes(0.929, 0.92, 0.01)
+
+
+def test_a_served_version_that_is_better_stays_served_and_the_record_says_why(
+        two_worker_export, constant_export, data_dir, tmp_path):
+    repo, releases = tmp_path / "models", tmp_path / "releases"
+    select_and_publish([two_worker_export], data_dir, repo, "fmnist", releases)
+    version_file = tmp_path / "outputs" / "version"
+
+    result = run_module("trainer.select", "--candidates", constant_export, "--data-dir", data_dir,
+                        "--model-repo", repo, "--model-name", "fmnist", "--releases-dir", releases,
+                        "--published-version-file", version_file)
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert model_repository.versions(repo, "fmnist") == [1]
+    assert model_repository.numbered_directories(releases / "fmnist") == [1]
+    assert version_file.read_text() == "1\n"  # the served one: the serve step re-applies it
+    record = json.loads((repo / "fmnist" / LAST_SELECTION_FILE).read_text())
+    gate = record["promotion"]
+    assert record["version"] is None and gate["promoted"] is False
+    assert (gate["candidate"], gate["served_version"], gate["min_improvement"]) == ("constant", 1, 0.0)
+    assert gate["served_validation_accuracy"] > gate["candidate_validation_accuracy"]
+    assert gate["validation_examples"] > 0
+    line = last_line(result.stdout)
+    assert line.startswith("select: not promoted, version 1 stays served: constant validation accuracy ")
+    assert f"{gate['candidate_validation_accuracy']:.4f}" in line
+    assert f"{gate['served_validation_accuracy']:.4f}" in line
+    assert "min improvement 0" in line and line.endswith("nothing published")
+    assert "<- published" not in result.stdout
+
+
+def test_a_candidate_better_by_more_than_the_margin_is_published(
+        two_worker_export, constant_export, data_dir, tmp_path):
+    repo = tmp_path / "models"
+    select_and_publish([constant_export], data_dir, repo, "fmnist")  # nothing served: published
+    first = json.loads((repo / "fmnist" / "1" / "selection.json").read_text())["promotion"]
+    assert first["promoted"] and first["served_version"] is None
+
+    # Better than the constant model by more than 0.05 (trained a few steps: well above a tenth).
+    selection = select_and_publish([two_worker_export], data_dir, repo, "fmnist", min_improvement=0.05)
+
+    gate = selection["promotion"]
+    assert gate["candidate_validation_accuracy"] - gate["served_validation_accuracy"] > 0.05
+    assert gate["promoted"] and gate["served_version"] == 1 and selection["version"] == 2
+    assert json.loads((repo / "fmnist" / "2" / "selection.json").read_text()) == selection
+    assert json.loads((repo / "fmnist" / LAST_SELECTION_FILE).read_text()) == selection
+
+
+def test_a_candidate_no_better_than_the_margin_is_not_published(two_worker_export, data_dir, tmp_path):
+    repo = tmp_path / "models"
+    select_and_publish([two_worker_export], data_dir, repo, "fmnist")
+
+    # The same model again: equal, so 0 lets it through and any positive margin does not.
+    kept = select_and_publish([two_worker_export], data_dir, repo, "fmnist", min_improvement=0.001)
+    again = select_and_publish([two_worker_export], data_dir, repo, "fmnist")
+
+    assert kept["version"] is None and not kept["promotion"]["promoted"]
+    assert (kept["promotion"]["candidate_validation_accuracy"]
+            == kept["promotion"]["served_validation_accuracy"])
+    assert again["version"] == 2 and model_repository.versions(repo, "fmnist") == [1, 2]
+
+
+def test_cli_refuses_a_margin_outside_0_to_1(two_worker_export, data_dir, tmp_path):
+    result = run_module("trainer.select", "--candidates", two_worker_export, "--data-dir", data_dir,
+                        "--model-repo", tmp_path / "models", "--min-improvement", "1.5")
+    assert result.returncode == 2
+    assert last_line(result.stderr) == ("select: error: --min-improvement: must be a number from 0 to 1, "
+                                        "got 1.5")
+    assert not (tmp_path / "models").exists()

@@ -1,4 +1,5 @@
-"""The selection report: test accuracy per candidate and the winner's confusion matrix, as a PNG."""
+"""The selection report: test accuracy per candidate, the winner's confusion matrix and the promotion
+gate's comparison with the served version, as a PNG."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ WINNER_COLOUR, OTHER_COLOUR = "tab:green", "tab:grey"
 
 
 def write_report(path: Path, evaluations: Sequence[Evaluation], winner: Evaluation,
-                 version: int) -> None:
+                 version: int, promotion: dict | None = None) -> None:
+    """`promotion`: trainer.select's gate record, shown as the figure's title (its one-line reason)."""
     figure, (bars, matrix) = plt.subplots(1, 2, figsize=(13, 5.5),
                                           gridspec_kw={"width_ratios": [1, 1.5]})
     names = [e.name for e in evaluations]
@@ -47,6 +49,8 @@ def write_report(path: Path, evaluations: Sequence[Evaluation], winner: Evaluati
     matrix.set_ylabel("true")
     matrix.set_title(f"{winner.name}, version {version}: confusion on the test split")
     figure.colorbar(image, ax=matrix)
+    if promotion is not None:
+        figure.suptitle(f"Promotion gate: {promotion['reason']}", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -1,15 +1,25 @@
-"""Evaluate candidate exports on the test split and publish the best as the next version.
+"""Evaluate candidate exports on the test split and publish the best as the next version, if it
+beats the served one.
 
     python -m trainer.select --candidates EXPORT... --data-dir DATA_DIR --model-repo REPO \\
-        --model-name fmnist [--releases-dir RELEASES] [--published-version-file FILE]
+        --model-name fmnist [--releases-dir RELEASES] [--published-version-file FILE] \\
+        [--min-improvement 0.0]
 
-The winner has the highest test accuracy (ties: lower loss). It is published as
-REPO/<model-name>/<N>/ with `selection.json` (every candidate's scores, the winner, the version)
-and `report.png` (accuracy per candidate, the winner's confusion matrix) inside, committed last
-(see trainer.model_repository). With --releases-dir, also as the release RELEASES/<model-name>/<N>/<N>/,
-whose parent RELEASES/<model-name>/<N> is a cluster's storageUri. With --published-version-file, N
-is written there (`3\\n`) once everything is published. Candidates are exports committed by
-trainer.train; one without the commit marker is an error.
+The winner has the highest test accuracy (ties: lower loss). The promotion gate then compares it
+with the served version (the latest committed one in REPO, if any) on the held-out validation
+images (trainer.data.split_validation: the same images the trainer held out): the winner is
+published only if its validation accuracy is at least the served one's plus --min-improvement
+(0, the default, means "not worse"). With no served version it is published (the first version).
+
+Published, it becomes REPO/<model-name>/<N>/ with `selection.json` (every candidate's scores, the
+winner, the gate's comparison, the version) and `report.png` (accuracy per candidate, the winner's
+confusion matrix) inside, committed last (see trainer.model_repository). With --releases-dir, also
+as the release RELEASES/<model-name>/<N>/<N>/, whose parent RELEASES/<model-name>/<N> is a
+cluster's storageUri. Not published, nothing under REPO's versions or RELEASES changes, one line
+says why, and the run still succeeds. Either way the selection record is also written to
+REPO/<model-name>/last-selection.json (a file written whole), and --published-version-file receives
+the version to serve (`3\\n`): the new one, or the served one when the gate keeps it. Candidates are
+exports committed by trainer.train; one without the commit marker is an error.
 """
 
 from __future__ import annotations
@@ -17,18 +27,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from common import cli
-from trainer import export, model_repository, report
+from trainer import data, export, model_repository, report
 from trainer.atomic import COMMIT_MARKER, is_committed
 from trainer.fashion_mnist import NUM_CLASSES, DatasetError, Split, load_split
 
 SELECTION_FILE = "selection.json"
 REPORT_FILE = "report.png"
+# The latest selection record, promoted or not, beside the versions: REPO/<model-name>/last-selection.json.
+LAST_SELECTION_FILE = "last-selection.json"
+DEFAULT_MIN_IMPROVEMENT = 0.0  # "not worse": pipeline.promotion.minImprovement's default
+# Accuracies on the same N images differ by multiples of 1/N (N is thousands): a tolerance this small
+# only keeps float rounding (0.93 - 0.92 < 0.01) from deciding.
+ACCURACY_TOLERANCE = 1e-9
 
 
 class CandidateError(ValueError):
@@ -83,9 +100,73 @@ def best(evaluations: Sequence[Evaluation]) -> Evaluation:
     return max(evaluations, key=lambda e: (e.accuracy, -e.loss))
 
 
+def validation_accuracy(export_dir: Path, validation: Split) -> float:
+    """Accuracy on the held-out validation images; a served version that cannot be read is an error
+    (serving it is broken too, and a person should look before anything replaces it)."""
+    try:
+        probabilities = export.predict_pixels(export_dir, validation.images)
+    except (OSError, ValueError, KeyError) as error:
+        raise CandidateError(
+            f"{export_dir}: not a SavedModel with a '{export.PIXELS_SIGNATURE}' signature "
+            f"({type(error).__name__})"
+        ) from None
+    return export.accuracy_and_loss(probabilities, validation.labels)[0]
+
+
+def promotes(candidate_accuracy: float, served_accuracy: float | None, min_improvement: float) -> bool:
+    """The gate: no served version, or better by at least `min_improvement` (0: not worse)."""
+    if served_accuracy is None:
+        return True
+    return candidate_accuracy - served_accuracy >= min_improvement - ACCURACY_TOLERANCE
+
+
+def gate_reason(promotion: dict) -> str:
+    """One line: the decision, both validation accuracies and the margin."""
+    served = promotion["served_version"]
+    if served is None:
+        return f"{promotion['candidate']} promoted: no served version yet (first version)"
+    candidate = promotion["candidate_validation_accuracy"]
+    comparison = (f"{promotion['candidate']} validation accuracy {candidate:.4f} vs served version "
+                  f"{served} {promotion['served_validation_accuracy']:.4f}, "
+                  f"min improvement {promotion['min_improvement']:g}")
+    if promotion["promoted"]:
+        return f"promoted: {comparison}"
+    return f"not promoted, version {served} stays served: {comparison}"
+
+
+def compare_with_served(winner: Evaluation, data_dir: Path, repo: Path, model_name: str,
+                        min_improvement: float) -> dict:
+    """The gate's record: the winner against the served version on the validation images."""
+    validation = data.split_validation(load_split(data_dir, "train"))[1]
+    served = model_repository.latest_version(repo, model_name)
+    served_accuracy = (validation_accuracy(repo / model_name / str(served), validation)
+                       if served is not None else None)
+    candidate_accuracy = validation_accuracy(winner.export_dir, validation)
+    promotion = {
+        "candidate": winner.name,
+        "candidate_validation_accuracy": candidate_accuracy,
+        "served_version": served,
+        "served_validation_accuracy": served_accuracy,
+        "validation_examples": len(validation),
+        "min_improvement": min_improvement,
+        "promoted": promotes(candidate_accuracy, served_accuracy, min_improvement),
+    }
+    promotion["reason"] = gate_reason(promotion)
+    return promotion
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Written beside and renamed over (a file rename, which GCS FUSE allows): never seen half-written."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
 def select_and_publish(candidates: Sequence[Path], data_dir: Path, repo: Path,
-                       model_name: str, releases: Path | None = None) -> dict:
-    """Evaluates, publishes the winner (and its release, with `releases`); returns the selection."""
+                       model_name: str, releases: Path | None = None,
+                       min_improvement: float = DEFAULT_MIN_IMPROVEMENT) -> dict:
+    """Evaluates, and publishes the winner (and its release, with `releases`) if the gate lets it;
+    returns the selection. `version` is the new version, or None when the served one stays."""
     check_committed(candidates)
     test = load_split(data_dir, "test")
     evaluations = [evaluate(candidate, test) for candidate in candidates]
@@ -95,15 +176,26 @@ def select_and_publish(candidates: Sequence[Path], data_dir: Path, repo: Path,
         "test_examples": len(test),
         "candidates": [e.summary() for e in evaluations],
         "winner": winner.name,
+        "promotion": compare_with_served(winner, data_dir, repo, model_name, min_improvement),
+        "version": None,
     }
 
     def add_report(version_dir: Path, version: int) -> None:
         selection["version"] = version
         (version_dir / SELECTION_FILE).write_text(json.dumps(selection, indent=2) + "\n")
-        report.write_report(version_dir / REPORT_FILE, evaluations, winner, version)
+        report.write_report(version_dir / REPORT_FILE, evaluations, winner, version,
+                            selection["promotion"])
 
-    model_repository.publish(winner.export_dir, repo, model_name, add_report, releases)
+    if selection["promotion"]["promoted"]:
+        model_repository.publish(winner.export_dir, repo, model_name, add_report, releases)
+    (repo / model_name).mkdir(parents=True, exist_ok=True)
+    write_whole(repo / model_name / LAST_SELECTION_FILE, json.dumps(selection, indent=2) + "\n")
     return selection
+
+
+def version_to_serve(selection: dict) -> int:
+    """The published version, or the served one that the gate kept."""
+    return selection["version"] or selection["promotion"]["served_version"]
 
 
 def write_published_version(path: Path, version: int) -> None:
@@ -113,11 +205,18 @@ def write_published_version(path: Path, version: int) -> None:
 
 
 def print_table(selection: dict, repo: Path, releases: Path | None = None) -> None:
+    published = selection["version"] is not None
     print(f"{'candidate':<20} {'test accuracy':>13} {'test loss':>10}")
     for candidate in selection["candidates"]:
-        mark = "  <- published" if candidate["name"] == selection["winner"] else ""
+        mark = ""
+        if candidate["name"] == selection["winner"]:
+            mark = "  <- published" if published else "  <- best, not promoted"
         print(f"{candidate['name']:<20} {candidate['test_accuracy']:>13.4f} "
               f"{candidate['test_loss']:>10.4f}{mark}")
+    if not published:
+        print(f"select: {selection['promotion']['reason']}; nothing published")
+        return
+    print(f"select: {selection['promotion']['reason']}")
     version_dir = repo / selection["model_name"] / str(selection["version"])
     if releases is not None:
         release = model_repository.release_dir(releases, selection["model_name"], selection["version"])
@@ -135,8 +234,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--releases-dir", type=Path,
                         help="also publish the version as RELEASES/<model-name>/<N>/<N>/")
     parser.add_argument("--published-version-file", type=Path,
-                        help="write the published version number here once published")
+                        help="write the version to serve here: the published one, or the served "
+                             "one when the gate keeps it")
+    parser.add_argument("--min-improvement", type=float, default=DEFAULT_MIN_IMPROVEMENT,
+                        help="publish only if the winner's validation accuracy is at least the "
+                             "served version's plus this (0-1; 0: not worse)")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.min_improvement <= 1.0:  # also refuses nan
+        raise cli.UsageError(f"--min-improvement: must be a number from 0 to 1, got {args.min_improvement}")
     for candidate in args.candidates:
         if not candidate.is_dir():
             raise cli.UsageError(f"{candidate}: no such export directory")
@@ -146,9 +251,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     selection = select_and_publish(args.candidates, args.data_dir, args.model_repo,
-                                   args.model_name, args.releases_dir)
+                                   args.model_name, args.releases_dir, args.min_improvement)
     if args.published_version_file is not None:
-        write_published_version(args.published_version_file, selection["version"])
+        write_published_version(args.published_version_file, version_to_serve(selection))
     print_table(selection, args.model_repo, args.releases_dir)
 
 
