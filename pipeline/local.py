@@ -53,6 +53,8 @@ LOGS_DIR = "logs"
 MEMO_DIR = "memo"
 CHECKPOINT_KEY_FILE = "pipeline-key.txt"
 SELECTION_FILE = "selection.json"  # written by trainer.select inside the published version
+# Written by trainer.select on every run, promoted or not, beside the versions.
+LAST_SELECTION_FILE = "last-selection.json"
 METRICS_FILE = "metrics.json"  # written by trainer.train inside its export
 EXAMPLE_TEST_IMAGE = 0
 TRAINER_SOURCES = Path(__file__).resolve().parents[1] / "trainer"
@@ -261,10 +263,12 @@ class LocalRun:
 
     # Results -----------------------------------------------------------------------------------
 
-    def published(self) -> tuple[dict, Path]:
+    def selection(self) -> tuple[dict, Path]:
+        """This run's selection (published or kept back by the promotion gate), and the version served:
+        the latest published."""
+        model_dir = Path(self.layout.models) / self.config.model_name
         version = model_repository.latest_version(Path(self.layout.models), self.config.model_name)
-        version_dir = self.version_dir(version)
-        return json.loads((version_dir / SELECTION_FILE).read_text()), version_dir
+        return json.loads((model_dir / LAST_SELECTION_FILE).read_text()), self.version_dir(version)
 
 
 # How the local engine runs each kind of step ----------------------------------------------------
@@ -303,10 +307,12 @@ def export_digest(run: LocalRun, step: Step) -> str | None:
 
 
 def selection_digest(run: LocalRun, step: Step) -> str | None:
-    """The selection record of the latest published version."""
-    version = model_repository.latest_version(Path(run.layout.models), run.config.model_name)
-    selection = run.version_dir(version) / SELECTION_FILE if version else None
-    return digest(selection.read_text()) if selection else None
+    """The latest selection's record, if the version it names (published or kept) is still there."""
+    record = Path(run.layout.models) / run.config.model_name / LAST_SELECTION_FILE
+    selection = json.loads(record.read_text())
+    served = selection["version"] or selection["promotion"]["served_version"]
+    versions = model_repository.versions(Path(run.layout.models), run.config.model_name)
+    return digest(record.read_text()) if served in versions else None
 
 
 def reset_stale_checkpoints(run: LocalRun, step: Step) -> None:
@@ -381,7 +387,8 @@ def format_table(outcomes: dict[str, Outcome], selection: dict, steps: Sequence[
         variant = step.args[step.args.index("--model") + 1]
         outcome = outcomes[step.name]
         took = f"{outcome.seconds:.1f}s" + (" (memoized)" if outcome.memoized else "")
-        chosen = "<- published" if variant == selection["winner"] else ""
+        chosen = ("<- published" if selection["version"] else "<- best, not promoted") \
+            if variant == selection["winner"] else ""
         lines.append(f"{variant:<16} {accuracy.get(variant, float('nan')):>13.4f} {took:>22}  {chosen}")
     return "\n".join(lines)
 
@@ -391,9 +398,13 @@ def run_pipeline(config: PipelineConfig, serve_forever: bool = False,
     """Runs every step; serves the published model for one example prediction, or until Ctrl-C."""
     run = LocalRun(config, print_line)
     run.run()
-    selection, version_dir = run.published()
+    selection, version_dir = run.selection()
     print_line(format_table(run.outcomes, selection, run.steps))
-    print_line(f"published: {config.model_name} version {selection['version']} ({version_dir})")
+    if selection["version"]:
+        print_line(f"published: {config.model_name} version {selection['version']} ({version_dir})")
+    else:
+        print_line(f"not promoted: {selection['promotion']['reason']}; serving {config.model_name} "
+                   f"version {version_dir.name} ({version_dir})")
 
     serve = run.serve_step.name
     serve_log = run.log_dir / serve / "server.log"
