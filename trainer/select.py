@@ -81,14 +81,19 @@ def check_committed(candidates: Sequence[Path]) -> None:
                                  "did trainer.train finish writing it?)")
 
 
-def evaluate(export_dir: Path, test: Split) -> Evaluation:
+def predictions(export_dir: Path, split: Split) -> np.ndarray:
+    """The export's class probabilities for `split`'s images; an unreadable export is a CandidateError."""
     try:
-        probabilities = export.predict_pixels(export_dir, test.images)
+        return export.predict_pixels(export_dir, split.images)
     except (OSError, ValueError, KeyError) as error:
         raise CandidateError(
             f"{export_dir}: not a SavedModel with a '{export.PIXELS_SIGNATURE}' signature "
             f"({type(error).__name__})"
         ) from None
+
+
+def evaluate(export_dir: Path, test: Split) -> Evaluation:
+    probabilities = predictions(export_dir, test)
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=int)
     np.add.at(confusion, (test.labels, probabilities.argmax(axis=1)), 1)
     accuracy, loss = export.accuracy_and_loss(probabilities, test.labels)
@@ -103,14 +108,7 @@ def best(evaluations: Sequence[Evaluation]) -> Evaluation:
 def validation_accuracy(export_dir: Path, validation: Split) -> float:
     """Accuracy on the held-out validation images; a served version that cannot be read is an error
     (serving it is broken too, and a person should look before anything replaces it)."""
-    try:
-        probabilities = export.predict_pixels(export_dir, validation.images)
-    except (OSError, ValueError, KeyError) as error:
-        raise CandidateError(
-            f"{export_dir}: not a SavedModel with a '{export.PIXELS_SIGNATURE}' signature "
-            f"({type(error).__name__})"
-        ) from None
-    return export.accuracy_and_loss(probabilities, validation.labels)[0]
+    return export.accuracy_and_loss(predictions(export_dir, validation), validation.labels)[0]
 
 
 def promotes(candidate_accuracy: float, served_accuracy: float | None, min_improvement: float) -> bool:
