@@ -47,14 +47,12 @@ from serving import client
 from serving.process import running_server
 from trainer import atomic, launch, model_repository
 from trainer.fashion_mnist import CLASS_NAMES, FILE_NAMES, DatasetError, load_split, md5_of, read_manifest
+from trainer.model_repository import LAST_SELECTION_FILE
 
 POLL_SECONDS = 0.2
 LOGS_DIR = "logs"
 MEMO_DIR = "memo"
 CHECKPOINT_KEY_FILE = "pipeline-key.txt"
-SELECTION_FILE = "selection.json"  # written by trainer.select inside the published version
-# Written by trainer.select on every run, promoted or not, beside the versions.
-LAST_SELECTION_FILE = "last-selection.json"
 METRICS_FILE = "metrics.json"  # written by trainer.train inside its export
 EXAMPLE_TEST_IMAGE = 0
 TRAINER_SOURCES = Path(__file__).resolve().parents[1] / "trainer"

@@ -13,7 +13,8 @@ from PIL import Image
 
 from trainer import model_repository
 from trainer.atomic import COMMIT_MARKER, commit, is_committed
-from trainer.select import LAST_SELECTION_FILE, CandidateError, promotes, select_and_publish
+from trainer.model_repository import LAST_SELECTION_FILE
+from trainer.select import CandidateError, promotes, select_and_publish
 
 
 @pytest.fixture

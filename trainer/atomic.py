@@ -30,16 +30,21 @@ def is_committed(directory: Path) -> bool:
     return (directory / COMMIT_MARKER).is_file()
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Writes `path` beside itself (`.<name>.tmp`) and renames it over (a file rename, which GCS FUSE
+    allows), so that a reader never sees it half-written."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
 def commit(directory: Path, info: dict | None = None) -> None:
     """Marks `directory` complete. Call it only once every other file in it is closed.
 
-    The marker holds a small JSON record (`committed_at`, UTC, and `info`); it is written beside
-    and renamed over, so that a reader never sees it half-written.
+    The marker holds a small JSON record (`committed_at`, UTC, and `info`), written whole.
     """
     record = {"committed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(), **(info or {})}
-    temporary = directory / _MARKER_TEMPORARY
-    temporary.write_text(json.dumps(record) + "\n")
-    os.replace(temporary, directory / COMMIT_MARKER)
+    write_whole(directory / COMMIT_MARKER, json.dumps(record) + "\n")
 
 
 def uncommit(directory: Path) -> None:

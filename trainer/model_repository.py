@@ -30,6 +30,10 @@ from typing import Callable
 
 from trainer.atomic import commit, copy_contents, is_committed
 
+# What trainer.select writes (the pipeline's engines read them, without TensorFlow): its record inside
+# each published version, and the latest one, promoted or not, beside the versions.
+SELECTION_FILE = "selection.json"
+LAST_SELECTION_FILE = "last-selection.json"
 # Each attempt loses a race to another publisher that claimed the same number first.
 MAX_CLAIM_ATTEMPTS = 100
 

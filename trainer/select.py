@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -35,13 +34,11 @@ import numpy as np
 
 from common import cli
 from trainer import data, export, model_repository, report
-from trainer.atomic import COMMIT_MARKER, is_committed
+from trainer.atomic import COMMIT_MARKER, is_committed, write_whole
 from trainer.fashion_mnist import NUM_CLASSES, DatasetError, Split, load_split
+from trainer.model_repository import LAST_SELECTION_FILE, SELECTION_FILE
 
-SELECTION_FILE = "selection.json"
 REPORT_FILE = "report.png"
-# The latest selection record, promoted or not, beside the versions: REPO/<model-name>/last-selection.json.
-LAST_SELECTION_FILE = "last-selection.json"
 DEFAULT_MIN_IMPROVEMENT = 0.0  # "not worse": pipeline.promotion.minImprovement's default
 # Accuracies on the same N images differ by multiples of 1/N (N is thousands): a tolerance this small
 # only keeps float rounding (0.93 - 0.92 < 0.01) from deciding.
@@ -151,13 +148,6 @@ def compare_with_served(winner: Evaluation, data_dir: Path, repo: Path, model_na
     }
     promotion["reason"] = gate_reason(promotion)
     return promotion
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Written beside and renamed over (a file rename, which GCS FUSE allows): never seen half-written."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 def select_and_publish(candidates: Sequence[Path], data_dir: Path, repo: Path,
