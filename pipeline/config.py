@@ -94,6 +94,12 @@ Quantity = Annotated[matching(QUANTITY, "a Kubernetes quantity like 500m, 2 or 4
                                      and not isinstance(value, bool) else value)]
 
 
+def duration_seconds(duration: str) -> int:
+    """The seconds of a Duration (`1h30m` -> 5400)."""
+    hours, minutes, seconds = (int(part or 0) for part in re.match(DURATION, duration).groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
 def _without_keys_not_here(schema: dict, model: type[Section]) -> None:
     for key in model.NOT_HERE:
         schema.get("properties", {}).pop(key, None)
@@ -234,6 +240,27 @@ class Promotion(Section):
                     "plus this (0-1; 0: not worse)")
 
 
+class Rollout(Section):
+    """The `pipeline.rollout` section: how a published version takes over from the served one."""
+    canary_percent: WholeNumber = Field(
+        10, ge=0, le=99,
+        description="share of requests (percent) the new version serves as a canary before the decision; "
+                    "0: it takes all traffic at once")
+    min_requests: WholeNumber = Field(
+        100, ge=1, description="requests the canary must answer before the decision")
+    max_wait: Duration = Field(
+        "10m", description="longest the canary runs before the decision, with fewer requests if so")
+    max_error_rate_increase: Number = Field(
+        0.01, ge=0.0, le=1.0,
+        description="the canary's error rate may exceed the stable version's by at most this (0-1)")
+    max_latency_ratio: Number = Field(
+        1.5, ge=1.0, description="the canary's mean latency may be at most this times the stable's")
+
+    @property
+    def max_wait_seconds(self) -> int:
+        return duration_seconds(self.max_wait)
+
+
 class PipelineSettings(WithResources):
     """The `pipeline` section's keys."""
     variants: Variants = Field(default_factory=lambda: VARIANTS,
@@ -263,12 +290,13 @@ class PipelineSettings(WithResources):
         DEFAULT_STEP_RESOURCES, description="requests and limits of ingest and select")
     promotion: Promotion = Field(
         Promotion(), description="the promotion gate: {minImprovement}, the margin over the served version")
+    rollout: Rollout = Field(
+        Rollout(), description="the canary: {canaryPercent, minRequests, maxWait, maxErrorRateIncrease, "
+                               "maxLatencyRatio}")
 
     @property
     def memoize_max_age_seconds(self) -> int:
-        parts = re.match(DURATION, self.memoize_max_age).groups()
-        hours, minutes, seconds = (int(part or 0) for part in parts)
-        return hours * 3600 + minutes * 60 + seconds
+        return duration_seconds(self.memoize_max_age)
 
 
 class PipelineConfig(PipelineSettings):
