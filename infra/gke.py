@@ -22,6 +22,13 @@ POOL_LABEL = "dist-ml/pool"
 NODE_PROJECT_ROLES = ("roles/container.defaultNodeServiceAccount",)
 IMAGE_READER_ROLE = "roles/artifactregistry.reader"
 NODE_ACCOUNT_SUFFIX = "-nodes"  # the nodes' service account is <cluster name>-nodes
+# GKE's Gateway controller, with the standard channel's CRDs (Gateway, HTTPRoute, ...), installed by GKE.
+GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
+# Its GatewayClass for the model's route: a global external Application Load Balancer, which splits
+# traffic by backendRef weights and, unlike the regional classes (gke-l7-regional-external-managed,
+# gke-l7-rilb), needs no proxy-only subnet in the VPC. Its listener serves plain HTTP on port 80.
+GATEWAY_CLASS = "gke-l7-global-external-managed"
+GATEWAY_LISTENER_PORT = 80
 
 
 def toleration(taint: dict) -> dict:
@@ -110,6 +117,8 @@ class GkeCluster(pulumi.ComponentResource):
             release_channel={"channel": args.release_channel},
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
             addons_config={"gcs_fuse_csi_driver_config": {"enabled": True}},
+            # The rollout's HTTPRoute splits requests between the stable and the canary predictor.
+            gateway_api_config={"channel": GATEWAY_API_CHANNEL},
             opts=child,
         )
         node_account, node_grants = self._node_service_account(name, args, child)

@@ -1,4 +1,5 @@
-"""A k3d cluster (k3s in Docker) on this machine, and a Kubernetes provider bound to it."""
+"""A k3d cluster (k3s in Docker) on this machine, a Kubernetes provider bound to it, and its packaged
+Traefik's Gateway API provider turned on."""
 
 from __future__ import annotations
 
@@ -8,6 +9,24 @@ import shlex
 import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_command import local
+
+from common.yaml_text import to_yaml
+
+# k3s installs Traefik with its helm-controller from the HelmChart kube-system/traefik; a
+# HelmChartConfig of the same name and namespace adds values to it (docs.k3s.io, "Customizing Packaged
+# Components with HelmChartConfig"). k3s v1.33 packages Traefik's chart 34.x, whose Kubernetes Gateway
+# provider is off by default (providers.kubernetesGateway.enabled); turned on, the chart creates the
+# GatewayClass `traefik` (gatewayClass.enabled) and, unless gateway.enabled is false, a Gateway of its
+# own in kube-system, which nothing here uses. The Gateway API CRDs come with k3s's traefik-crd chart.
+TRAEFIK_CHART = "traefik"
+TRAEFIK_NAMESPACE = "kube-system"
+TRAEFIK_GATEWAY_CLASS = "traefik"
+# A Gateway listener must name the port of one of Traefik's entry points: `web` listens on 8000 in the
+# pod and is exposed on 80 by its LoadBalancer Service, which k3d's load balancer forwards (cluster.ports).
+TRAEFIK_WEB_PORT = 8000
+TRAEFIK_WEB_SERVICE_PORT = 80
+TRAEFIK_GATEWAY_VALUES = {"providers": {"kubernetesGateway": {"enabled": True}},
+                          "gateway": {"enabled": False}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,3 +76,13 @@ class K3dCluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(f"{name}-provider", kubeconfig=self.kubeconfig,
                                      opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({"kubeconfig": self.kubeconfig})
+
+
+def traefik_gateway_provider(name: str, provider: k8s.Provider,
+                             opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource:
+    """The HelmChartConfig that turns on the packaged Traefik's Gateway API provider."""
+    return k8s.apiextensions.CustomResource(
+        name, api_version="helm.cattle.io/v1", kind="HelmChartConfig",
+        metadata={"name": TRAEFIK_CHART, "namespace": TRAEFIK_NAMESPACE},
+        spec={"valuesContent": to_yaml(TRAEFIK_GATEWAY_VALUES)},
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(provider=provider)))

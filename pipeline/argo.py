@@ -5,9 +5,13 @@ ConfigMap that holds ingest's memo.
 
 Each training step is a resource template that creates a TFJob and waits on its replica counts
 (Argo cannot query the conditions array). Select publishes the next version and outputs its number;
-serve rolls the InferenceService out to that version (`serving.rollout`) and succeeds only once every
-predictor replica serves it. `render_objects` is what the Pulumi programs declare; the workflow, not
-Pulumi, owns the InferenceService, because only a run knows which version it serves.
+serve deploys that version (`serving.rollout deploy`): the first one, or any with
+pipeline.rollout.canaryPercent 0, as the stable InferenceService, a later one as the canary beside it
+with that share of the route's requests, and succeeds only once every replica serves it. The rollout
+step (`serving.rollout decide`) waits for the canary's evidence (minRequests or maxWait), decides,
+and promotes or rolls back; its decision is the step's output `decision`. `render_objects` is what the
+Pulumi programs declare; the workflow, not Pulumi, owns the InferenceServices and the route, because
+only a run knows which version each serves and what share the canary has.
 
 Each step becomes the template its kind's handler renders (TEMPLATES; a kind without one is an error
 naming the step). The DAG passes a template's input parameters from the dependency whose template
@@ -59,9 +63,12 @@ MAIN_CONTAINER = "main"
 ARGO_NAMESPACE = "argo"
 ARGO_CONTROLLER_ACCOUNT = "argo"
 VERSION_PARAMETER = "version"
+DECISION_PARAMETER = "decision"
 PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo reads it as an output
+DEPLOYED_VERSION_FILE = "/tmp/deployed-version"  # serve writes it, for the rollout step
+DECISION_FILE = "/tmp/rollout-decision.json"  # the rollout step writes it; Argo keeps it as an output
 ROLLOUT_MODULE = rollout.__name__
-ROLLOUT_TIMEOUT_SECONDS = 900
+ROLLOUT_TIMEOUT_SECONDS = 900  # one InferenceService's rollout
 ROLLOUT_MANIFEST_FLAG = rollout.MANIFEST_FLAG
 
 
@@ -112,22 +119,60 @@ def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
     }
 
 
+def rollout_container(config: PipelineConfig, target: ClusterTarget, args: list[str]) -> dict:
+    return {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
+            "command": ["python", "-m", ROLLOUT_MODULE], "args": args,
+            "resources": config.step_resources.as_manifest()}
+
+
+def require_judgeable_canary(config: PipelineConfig) -> None:
+    """A canary is judged on our server's /metrics, which KServe's TF Serving does not serve."""
+    if config.rollout.canary_percent and config.serving.runtime == "tensorflow":
+        raise PipelineError("pipeline.rollout.canaryPercent must be 0 with serving.runtime tensorflow: TF "
+                            "Serving serves no /metrics to judge a canary on")
+
+
 def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
-    """Rolls the InferenceService out to the version select published, waiting a bounded time."""
+    """Deploys the version select published, as the stable version or as the canary, waiting a
+    bounded time for it to roll out; outputs that version for the rollout step."""
+    require_judgeable_canary(config)
     manifest = inference_service(config, target, f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}")
     return {
         "name": step.name,
         "inputs": {"parameters": [{"name": VERSION_PARAMETER}]},
         "retryStrategy": retry_strategy(step),
         "activeDeadlineSeconds": ROLLOUT_TIMEOUT_SECONDS * 2,  # a backstop: the step's own wait is bounded
-        "container": {
-            "name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
-            "command": ["python", "-m", ROLLOUT_MODULE],
-            "args": ["--namespace", "{{workflow.namespace}}",
-                     "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
-                     ROLLOUT_MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)],
-            "resources": config.step_resources.as_manifest(),
-        },
+        "container": rollout_container(config, target, [
+            "deploy", "--namespace", "{{workflow.namespace}}",
+            "--canary-percent", str(config.rollout.canary_percent),
+            "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
+            "--version-file", DEPLOYED_VERSION_FILE,
+            ROLLOUT_MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)]),
+        "outputs": {"parameters": [
+            {"name": VERSION_PARAMETER, "valueFrom": {"path": DEPLOYED_VERSION_FILE}}]},
+    }
+
+
+def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
+    """Judges the canary serve deployed (if it deployed one) and promotes or rolls it back; the
+    decision with its numbers is the step's output. Bounded: maxWait, then at most one rollout."""
+    policy = config.rollout
+    return {
+        "name": step.name,
+        "inputs": {"parameters": [{"name": VERSION_PARAMETER}]},
+        "retryStrategy": retry_strategy(step),
+        # A backstop past the step's own bounds: the wait for evidence and a promotion's rollout.
+        "activeDeadlineSeconds": policy.max_wait_seconds + ROLLOUT_TIMEOUT_SECONDS * 2,
+        "container": rollout_container(config, target, [
+            "decide", "--namespace", "{{workflow.namespace}}", "--model-name", config.model_name,
+            "--version", f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}",
+            "--min-requests", str(policy.min_requests),
+            "--max-wait-seconds", str(policy.max_wait_seconds),
+            "--max-error-rate-increase", str(policy.max_error_rate_increase),
+            "--max-latency-ratio", str(policy.max_latency_ratio),
+            "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
+            "--decision-file", DECISION_FILE]),
+        "outputs": {"parameters": [{"name": DECISION_PARAMETER, "valueFrom": {"path": DECISION_FILE}}]},
     }
 
 

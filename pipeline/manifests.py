@@ -1,4 +1,5 @@
-"""The Kubernetes objects the pipeline's steps become: TFJobs and the InferenceService.
+"""The Kubernetes objects the pipeline's steps become: TFJobs and the InferenceService (the HTTPRoute
+that splits requests between the stable and the canary InferenceService is serving.rollout's).
 
 Plain dicts built from the step definitions, for the Argo templates and for the Pulumi programs, which
 differ only in the images and the storage they pass in.
@@ -18,6 +19,7 @@ from pipeline.definition import (
     Step,
     serving_flags,
 )
+from serving.rollout import MODEL_VERSION_ANNOTATION
 
 DEFAULT_ARGO_VERSION = "v4.1.2"
 IMAGE_TAG = "0.1.0"  # the release these defaults name; the stacks pass content-tagged images
@@ -44,7 +46,6 @@ IMAGE_USER = 1000
 # GCS FUSE mounts as root unless told otherwise: the images' user must own what it writes, and
 # directories need no placeholder objects to be listed.
 GCS_FUSE_MOUNT_OPTIONS = f"implicit-dirs,uid={IMAGE_USER},gid={IMAGE_USER},file-mode=664,dir-mode=775"
-MODEL_VERSION_ANNOTATION = "dist-ml/model-version"
 # One identity per actor, so that each holds only its own rights: the workflow's pods have the
 # pipeline's service account (config), TFJob pods, the predictor and the request logger these.
 TRAINER_SERVICE_ACCOUNT = "dist-ml-trainer"

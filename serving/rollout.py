@@ -1,49 +1,88 @@
-"""Roll an InferenceService out to one model version, and wait until every replica serves it.
+"""Roll model versions out on the cluster: a canary beside the stable version, a weighted route between
+them, and promotion or rollback on the predictors' own metrics.
 
-    python -m serving.rollout --namespace NS --manifest JSON [--timeout-seconds 900]
+    python -m serving.rollout deploy --namespace NS --manifest JSON [--canary-percent 10]
+    python -m serving.rollout analyse --namespace NS --model-name fmnist [--version N] [policy flags]
+    python -m serving.rollout decide --namespace NS --model-name fmnist [--version N] [policy flags]
+    python -m serving.rollout promote --namespace NS --model-name fmnist
+    python -m serving.rollout rollback --namespace NS --model-name fmnist
 
-The pipeline's serve step on a cluster runs this with the InferenceService of the version that the
-run just published (its storageUri names that version, so every run changes the predictor's pods).
-It creates or replaces the InferenceService, then succeeds only when the predictor's Deployment has
-rolled out completely to pods of that version, and fails with the reason (a pod that cannot pull its
-image, a storage initializer or server that crashes, a rollout past its deadline) or at the timeout.
+Two InferenceServices serve a model: `<model>` (stable) and, during a rollout, `<model>-canary`, each
+on one release. Users reach them through the HTTPRoute `<model>-split` on the stacks' Gateway, whose
+weighted backends are the two predictor Services (KServe v0.20's Standard-mode `spec.canary[]` routes
+no traffic to a canary, so the split is ours). The pipeline's serve step runs `deploy`: the first
+version, or any with --canary-percent 0, becomes the stable one; a later one becomes the canary and
+takes its percentage. Its rollout step runs `decide`: it waits until the canary has answered
+--min-requests requests or --max-wait-seconds have passed, compares the canary's error rate and mean
+latency with the stable version's over the same window (each predictor pod's /metrics, read through
+the API server's pod proxy, the same way in a pod and from a laptop), prints the decision with its
+numbers and writes it to --decision-file, then promotes (the stable InferenceService takes the
+canary's release and rolls out, the route sends everything to it, the canary is deleted) or rolls
+back (the route sends everything to the stable version, the canary is deleted). Versions on storage
+are never deleted. `analyse` is the decision alone; `promote` and `rollback` act by hand.
 
-KServe's own status cannot say which version is live in Standard mode: the InferenceService stays
-Ready through a rolling update, and its observedGeneration is copied from the Deployment. So this
-checks the Deployment as `kubectl rollout status` does, and that its pod template names the storage
-URI. The kubernetes client is used directly: the kserve SDK's create/replace take its model classes,
-and its readiness check relies on that observedGeneration.
+No test traffic is sent: a fixed synthetic request says nothing about the canary on real inputs, and
+would be written to the request log as if a user had sent it. Without traffic the decision comes at
+--max-wait-seconds on what little evidence there is (serving.canary.decide says what it does then).
+
+Waiting for a rollout: KServe's status cannot say which version is live in Standard mode (the
+InferenceService stays Ready through a rolling update, and its observedGeneration is copied from the
+Deployment), so this checks the predictor's Deployment as `kubectl rollout status` does, and that its
+pod template names the storage URI. The kubernetes client is used directly: the kserve SDK's
+create/replace take its model classes, and its readiness check relies on that observedGeneration.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import time
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from common import cli
+from serving import canary
 
 ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
+ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels the predictor's pods with it
+MODEL_VERSION_ANNOTATION = "dist-ml/model-version"  # which published version an InferenceService serves
+CANARY_SUFFIX = "-canary"
+# Not `<model>`: KServe's own Gateway API mode (off in the stacks) names its top-level route so.
+ROUTE_SUFFIX = "-split"
+GATEWAY_NAME = "dist-ml"  # the Gateway the stacks declare in the system's namespace
+PREDICTOR_SERVICE_PORT = 80  # KServe's port on the predictor's Service (constants.CommonDefaultHttpPort)
+PREDICTOR_CONTAINER = "kserve-container"
 # Every API call a rollout makes, as (API group, resource, verb): what its service account needs.
 API_CALLS = (
     (ISVC_GROUP, ISVC_PLURAL, "get"), (ISVC_GROUP, ISVC_PLURAL, "create"),
-    (ISVC_GROUP, ISVC_PLURAL, "update"),
+    (ISVC_GROUP, ISVC_PLURAL, "update"), (ISVC_GROUP, ISVC_PLURAL, "delete"),
+    (ROUTE_GROUP, ROUTE_PLURAL, "get"), (ROUTE_GROUP, ROUTE_PLURAL, "create"),
+    (ROUTE_GROUP, ROUTE_PLURAL, "update"),
     ("apps", "deployments", "get"),
     ("", "pods", "list"),
+    ("", "pods/proxy", "get"),  # each predictor pod's /metrics
 )
 DEFAULT_TIMEOUT_SECONDS = 900.0  # an image pull, the storage initializer's copy and a model load
+DEFAULT_CANARY_PERCENT = 10
+DEFAULT_MIN_REQUESTS = 100
+DEFAULT_MAX_WAIT_SECONDS = 600.0
+DEFAULT_MAX_ERROR_RATE_INCREASE = 0.01
+DEFAULT_MAX_LATENCY_RATIO = 1.5
 POLL_SECONDS = 5.0
-MANIFEST_FLAG = "--manifest"  # the InferenceService, as JSON (the pipeline's serve step passes it)
+EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
+MANIFEST_FLAG = "--manifest"  # the stable InferenceService of a version, as JSON (the serve step's)
 # A container waiting for one of these will not start by itself: the rollout has failed.
 FATAL_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
                          "CreateContainerConfigError", "CreateContainerError")
+NO_METRICS = ("serves no /metrics (runtime tensorflow?): a canary cannot be judged; "
+              "deploy with --canary-percent 0")
 
 
 class RolloutError(RuntimeError):
-    """The version did not roll out; the message says why."""
+    """The version did not roll out, or a rollout step cannot go on; the message says why."""
 
 
 class Cluster(Protocol):
@@ -52,8 +91,13 @@ class Cluster(Protocol):
     def get_inference_service(self, namespace: str, name: str) -> dict | None: ...
     def create_inference_service(self, namespace: str, manifest: dict) -> None: ...
     def replace_inference_service(self, namespace: str, name: str, manifest: dict) -> None: ...
+    def delete_inference_service(self, namespace: str, name: str) -> None: ...
+    def get_http_route(self, namespace: str, name: str) -> dict | None: ...
+    def create_http_route(self, namespace: str, manifest: dict) -> None: ...
+    def replace_http_route(self, namespace: str, name: str, manifest: dict) -> None: ...
     def get_deployment(self, namespace: str, name: str) -> dict | None: ...
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]: ...
+    def pod_metrics(self, namespace: str, pod: str, port: int) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +106,24 @@ class Observation:
     reason: str  # why it is not done yet, or what it reached
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """How a wait polls and reads the time (tests pass a fake clock)."""
+    poll_seconds: float = POLL_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def canary_name(model_name: str) -> str:
+    return f"{model_name}{CANARY_SUFFIX}"
+
+
+def route_name(model_name: str) -> str:
+    return f"{model_name}{ROUTE_SUFFIX}"
+
+
 def predictor_deployment_name(isvc_name: str) -> str:
-    return f"{isvc_name}-predictor"  # KServe's name in Standard mode
+    return f"{isvc_name}-predictor"  # KServe's name for its Deployment and Service in Standard mode
 
 
 def storage_uri(manifest: dict) -> str:
@@ -72,6 +132,42 @@ def storage_uri(manifest: dict) -> str:
         return predictor["model"]["storageUri"]
     env = {item["name"]: item.get("value") for item in predictor["containers"][0].get("env", [])}
     return env["STORAGE_URI"]
+
+
+def model_version(manifest: dict) -> str:
+    return manifest["metadata"].get("annotations", {}).get(MODEL_VERSION_ANNOTATION, "?")
+
+
+def metrics_port(manifest: dict) -> int:
+    """The predictor container's HTTP port, where our server serves /metrics."""
+    for container in manifest["spec"]["predictor"].get("containers", []):
+        if container["name"] == PREDICTOR_CONTAINER and container.get("ports"):
+            return int(container["ports"][0]["containerPort"])
+    raise RolloutError(f"InferenceService {manifest['metadata']['name']} {NO_METRICS}")
+
+
+def renamed(manifest: dict, name: str) -> dict:
+    """The same InferenceService under another name: only what a manifest declares, none of the
+    server's bookkeeping (resourceVersion, uid, status)."""
+    metadata = manifest["metadata"]
+    kept = {key: copy.deepcopy(metadata[key]) for key in ("labels", "annotations") if key in metadata}
+    return {"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
+            "metadata": {"name": name, **kept}, "spec": copy.deepcopy(manifest["spec"])}
+
+
+def http_route(model_name: str, canary_percent: int, labels: Mapping[str, str] | None = None) -> dict:
+    """The route users reach the model through: all to the stable predictor, or `canary_percent` of
+    requests to the canary's. A canary with no share has no backend: a backendRef to a Service that
+    does not exist would make the route unresolved."""
+    stable = {"name": predictor_deployment_name(model_name), "port": PREDICTOR_SERVICE_PORT,
+              "weight": 100 - canary_percent}
+    backends = [stable]
+    if canary_percent:
+        backends.append({"name": predictor_deployment_name(canary_name(model_name)),
+                         "port": PREDICTOR_SERVICE_PORT, "weight": canary_percent})
+    return {"apiVersion": f"{ROUTE_GROUP}/{ROUTE_VERSION}", "kind": "HTTPRoute",
+            "metadata": {"name": route_name(model_name), "labels": dict(labels or {})},
+            "spec": {"parentRefs": [{"name": GATEWAY_NAME}], "rules": [{"backendRefs": backends}]}}
 
 
 def _strings(node: Any) -> Iterator[str]:
@@ -146,13 +242,12 @@ def apply(cluster: Cluster, namespace: str, manifest: dict) -> None:
 
 
 def roll_out(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: float,
-             poll_seconds: float = POLL_SECONDS, clock: Callable[[], float] = time.monotonic,
-             sleep: Callable[[float], None] = time.sleep, say: Callable[[str], None] = print) -> str:
+             timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
     """Applies `manifest` and waits for its version; returns the final state or raises RolloutError."""
     name, uri = manifest["metadata"]["name"], storage_uri(manifest)
     apply(cluster, namespace, manifest)
     say(f"rollout: applied InferenceService {namespace}/{name} with {uri}")
-    deadline, last = clock() + timeout_seconds, None
+    deadline, last = timing.clock() + timeout_seconds, None
     while True:
         deployment = cluster.get_deployment(namespace, predictor_deployment_name(name))
         pods = cluster.list_pods(namespace, f"{ISVC_LABEL}={name}")
@@ -162,10 +257,157 @@ def roll_out(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: 
         if state.reason != last:
             say(f"rollout: waiting: {state.reason}")
             last = state.reason
-        if clock() >= deadline:
-            raise RolloutError(f"not rolled out after {timeout_seconds:g} s: {state.reason}")
-        sleep(poll_seconds)
+        if timing.clock() >= deadline:
+            raise RolloutError(f"{name}: not rolled out after {timeout_seconds:g} s: {state.reason}")
+        timing.sleep(timing.poll_seconds)
 
+
+def route_to(cluster: Cluster, namespace: str, model_name: str, canary_percent: int,
+             labels: Mapping[str, str]) -> None:
+    """Creates the route, or sets its weights."""
+    manifest = http_route(model_name, canary_percent, labels)
+    name = manifest["metadata"]["name"]
+    current = cluster.get_http_route(namespace, name)
+    if current is None:
+        cluster.create_http_route(namespace, manifest)
+        return
+    metadata = {**manifest["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+    cluster.replace_http_route(namespace, name, {**manifest, "metadata": metadata})
+
+
+def deploy(cluster: Cluster, namespace: str, manifest: dict, canary_percent: int, timeout_seconds: float,
+           timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
+    """The serve step: the version of `manifest` (named `<model>`) becomes the stable version when
+    there is none yet or `canary_percent` is 0, and otherwise the canary with that share of requests.
+    Returns what it did, in one line."""
+    model_name, version = manifest["metadata"]["name"], model_version(manifest)
+    labels = manifest["metadata"].get("labels", {})
+    stable = cluster.get_inference_service(namespace, model_name)
+    if stable is not None and model_version(stable) == version:
+        return f"version {version} is already the stable version: nothing to roll out"
+    if stable is None or canary_percent == 0:
+        reached = roll_out(cluster, namespace, manifest, timeout_seconds, timing, say)
+        route_to(cluster, namespace, model_name, 0, labels)
+        retire_canary(cluster, namespace, model_name, say)
+        return f"version {version} is the stable version ({reached}); the route sends it every request"
+    metrics_port(manifest)  # refused now, before a canary that could never be judged is deployed
+    reached = roll_out(cluster, namespace, renamed(manifest, canary_name(model_name)), timeout_seconds,
+                       timing, say)
+    route_to(cluster, namespace, model_name, canary_percent, labels)
+    return (f"version {version} is the canary ({reached}), taking {canary_percent}% of requests; "
+            f"version {model_version(stable)} stays stable")
+
+
+def retire_canary(cluster: Cluster, namespace: str, model_name: str, say: Callable[[str], None]) -> None:
+    """Deletes the canary InferenceService, if any (its release stays on storage)."""
+    name = canary_name(model_name)
+    if cluster.get_inference_service(namespace, name) is not None:
+        cluster.delete_inference_service(namespace, name)
+        say(f"rollout: deleted InferenceService {namespace}/{name}")
+
+
+def promote(cluster: Cluster, namespace: str, model_name: str, timeout_seconds: float,
+            timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
+    """The stable InferenceService takes the canary's release and rolls out to it (the split stays
+    as it is meanwhile: both backends serve the canary's version by the end); then every request goes
+    to it and the canary is deleted."""
+    current = cluster.get_inference_service(namespace, canary_name(model_name))
+    if current is None:
+        raise RolloutError(f"no canary InferenceService {namespace}/{canary_name(model_name)} to promote")
+    version = model_version(current)
+    reached = roll_out(cluster, namespace, renamed(current, model_name), timeout_seconds, timing, say)
+    route_to(cluster, namespace, model_name, 0, current["metadata"].get("labels", {}))
+    retire_canary(cluster, namespace, model_name, say)
+    return f"promoted version {version}: {reached}; the route sends it every request"
+
+
+def rollback(cluster: Cluster, namespace: str, model_name: str, say: Callable[[str], None] = print) -> str:
+    """Every request to the stable version, then the canary deleted; no version leaves storage."""
+    stable = cluster.get_inference_service(namespace, model_name)
+    if stable is None:
+        raise RolloutError(f"no stable InferenceService {namespace}/{model_name} to roll back to")
+    route_to(cluster, namespace, model_name, 0, stable["metadata"].get("labels", {}))
+    retire_canary(cluster, namespace, model_name, say)
+    return f"rolled back: version {model_version(stable)} serves every request"
+
+
+# --- Evidence ---------------------------------------------------------------------------------------
+
+def _ready(pod: dict) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        condition.get("type") == "Ready" and condition.get("status") == "True"
+        for condition in status.get("conditions") or [])
+
+
+def scrape(cluster: Cluster, namespace: str, isvc: dict) -> dict[str, canary.Evidence]:
+    """Pod name -> what that predictor pod has served, over its life (its counters restart with it)."""
+    name, port, version = isvc["metadata"]["name"], metrics_port(isvc), model_version(isvc)
+    found = {}
+    for pod in cluster.list_pods(namespace, f"{ISVC_LABEL}={name}"):
+        if not _ready(pod):
+            continue
+        by_version = canary.evidence_by_version(
+            cluster.pod_metrics(namespace, pod["metadata"]["name"], port))
+        found[pod["metadata"]["name"]] = by_version.get(version, canary.Evidence(0, 0, 0.0))
+    return found
+
+
+def window(now: Mapping[str, canary.Evidence], start: Mapping[str, canary.Evidence]) -> canary.Evidence:
+    """What the pods served since `start`: a pod that was not there then, or whose counters went
+    back (it restarted), counts from zero."""
+    total = canary.Evidence(0, 0, 0.0)
+    for pod, evidence in now.items():
+        before = start.get(pod)
+        if before is not None and evidence.requests >= before.requests:
+            evidence = evidence.since(before)
+        total = canary.Evidence(total.requests + evidence.requests, total.errors + evidence.errors,
+                                total.latency_seconds_sum + evidence.latency_seconds_sum)
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    stable_version: str
+    canary_version: str
+    decision: canary.Decision
+    waited_seconds: float
+
+    def record(self) -> dict:
+        """The decision and its numbers, as the rollout step prints and outputs them."""
+        decision = self.decision
+        return {"decision": "promote" if decision.promote else "rollback", "reason": decision.reason,
+                "stable": {"version": self.stable_version, **dataclasses.asdict(decision.stable)},
+                "canary": {"version": self.canary_version, **dataclasses.asdict(decision.canary)},
+                "waitedSeconds": round(self.waited_seconds, 1)}
+
+
+def analyse(cluster: Cluster, namespace: str, model_name: str, policy: canary.Policy,
+            max_wait_seconds: float, version: str | None = None, timing: Timing = Timing(),
+            say: Callable[[str], None] = print) -> Analysis | None:
+    """Waits until the canary has answered policy.min_requests requests (since it started) or
+    `max_wait_seconds` have passed, then decides on the canary's and the stable version's evidence
+    (the stable version's since this call began). None when there is no canary (of `version`)."""
+    current = cluster.get_inference_service(namespace, canary_name(model_name))
+    if current is None or (version is not None and model_version(current) != version):
+        return None
+    stable = cluster.get_inference_service(namespace, model_name)
+    if stable is None:
+        raise RolloutError(f"a canary but no stable InferenceService {namespace}/{model_name}")
+    started, stable_start = timing.clock(), scrape(cluster, namespace, stable)
+    say(f"rollout: judging version {model_version(current)} against {model_version(stable)}: "
+        f"until {policy.min_requests} canary requests or {max_wait_seconds:g} s")
+    while True:
+        canary_evidence = window(scrape(cluster, namespace, current), {})
+        stable_evidence = window(scrape(cluster, namespace, stable), stable_start)
+        waited = timing.clock() - started
+        if canary_evidence.requests >= policy.min_requests or waited >= max_wait_seconds:
+            decision = canary.decide(stable_evidence, canary_evidence, policy)
+            return Analysis(model_version(stable), model_version(current), decision, waited)
+        timing.sleep(min(timing.poll_seconds, max(max_wait_seconds - waited, 0.0)))
+
+
+# --- The cluster ------------------------------------------------------------------------------------
 
 class KubernetesCluster:
     """The Cluster of the pod's own service account (or the local kubeconfig outside a pod)."""
@@ -203,6 +445,22 @@ class KubernetesCluster:
         self._objects.replace_namespaced_custom_object(
             ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name, manifest)
 
+    def delete_inference_service(self, namespace: str, name: str) -> None:
+        self._objects.delete_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name)
+
+    def get_http_route(self, namespace: str, name: str) -> dict | None:
+        return self._or_none(lambda: self._objects.get_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name))
+
+    def create_http_route(self, namespace: str, manifest: dict) -> None:
+        self._objects.create_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, manifest)
+
+    def replace_http_route(self, namespace: str, name: str, manifest: dict) -> None:
+        self._objects.replace_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name, manifest)
+
     def get_deployment(self, namespace: str, name: str) -> dict | None:
         deployment = self._or_none(lambda: self._apps.read_namespaced_deployment(name, namespace))
         return None if deployment is None else self._api.sanitize_for_serialization(deployment)
@@ -211,6 +469,11 @@ class KubernetesCluster:
         pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
         return self._api.sanitize_for_serialization(pods)["items"]
 
+    def pod_metrics(self, namespace: str, pod: str, port: int) -> str:
+        return self._core.connect_get_namespaced_pod_proxy_with_path(f"{pod}:{port}", namespace, "metrics")
+
+
+# --- Command line -----------------------------------------------------------------------------------
 
 def manifest_arg(text: str) -> dict:
     try:
@@ -223,21 +486,99 @@ def manifest_arg(text: str) -> dict:
     return manifest
 
 
+def percent(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 99:
+        raise argparse.ArgumentTypeError(f"must be a whole percentage from 0 to 99, got {text}")
+    return value
+
+
+def ratio(text: str) -> float:
+    value = float(text)
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"must be a number >= 1, got {text}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="serving.rollout", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument(MANIFEST_FLAG, type=manifest_arg, required=True, help="the InferenceService, as JSON")
-    parser.add_argument("--timeout-seconds", type=cli.positive_float, default=DEFAULT_TIMEOUT_SECONDS)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.OneLineParser)
+    helps = {"deploy": "the serve step: a version becomes the stable version or the canary",
+             "analyse": "wait for evidence and print the decision, changing nothing",
+             "decide": "the rollout step: analyse, then promote or roll back",
+             "promote": "the canary becomes the stable version, by hand",
+             "rollback": "the canary is removed, by hand"}
+    sub = {name: commands.add_parser(name, help=text, description=text) for name, text in helps.items()}
+    for command in sub.values():
+        command.add_argument("--namespace", required=True)
+    sub["deploy"].add_argument(MANIFEST_FLAG, type=manifest_arg, required=True,
+                               help="the stable InferenceService of the version, as JSON")
+    sub["deploy"].add_argument("--canary-percent", type=percent, default=DEFAULT_CANARY_PERCENT,
+                               help="share of requests for a new version; 0: it becomes stable at once")
+    sub["deploy"].add_argument("--version-file", type=Path,
+                               help="where to write the version deployed (the step's output)")
+    for name in ("analyse", "decide", "promote", "rollback"):
+        sub[name].add_argument("--model-name", required=True)
+    for name in ("analyse", "decide"):
+        command = sub[name]
+        command.add_argument("--version", help="judge the canary only if it serves this version")
+        command.add_argument("--min-requests", type=cli.positive_int, default=DEFAULT_MIN_REQUESTS)
+        command.add_argument("--max-wait-seconds", type=cli.positive_float, default=DEFAULT_MAX_WAIT_SECONDS)
+        command.add_argument("--max-error-rate-increase", type=cli.fraction,
+                             default=DEFAULT_MAX_ERROR_RATE_INCREASE)
+        command.add_argument("--max-latency-ratio", type=ratio, default=DEFAULT_MAX_LATENCY_RATIO)
+        command.add_argument("--decision-file", type=Path, help="where to write the decision as JSON")
+    for name in ("deploy", "decide", "promote"):
+        sub[name].add_argument("--timeout-seconds", type=cli.positive_float, default=DEFAULT_TIMEOUT_SECONDS,
+                               help="longest wait for one InferenceService to roll out")
     return parser.parse_args(argv)
+
+
+def policy_of(args: argparse.Namespace) -> canary.Policy:
+    return canary.Policy(min_requests=args.min_requests, max_error_rate_increase=args.max_error_rate_increase,
+                         max_latency_ratio=args.max_latency_ratio)
+
+
+def run_command(cluster: Cluster, args: argparse.Namespace, timing: Timing = Timing(),
+                say: Callable[[str], None] = print) -> None:
+    namespace = args.namespace
+    if args.command == "deploy":
+        done = deploy(cluster, namespace, args.manifest, args.canary_percent, args.timeout_seconds,
+                      timing, say)
+        say(f"rollout: {done}")
+        if args.version_file:
+            args.version_file.write_text(model_version(args.manifest))
+        return
+    if args.command == "promote":
+        say(f"rollout: {promote(cluster, namespace, args.model_name, args.timeout_seconds, timing, say)}")
+        return
+    if args.command == "rollback":
+        say(f"rollout: {rollback(cluster, namespace, args.model_name, say)}")
+        return
+    analysis = analyse(cluster, namespace, args.model_name, policy_of(args), args.max_wait_seconds,
+                       args.version, Timing(EVIDENCE_POLL_SECONDS, timing.clock, timing.sleep), say)
+    if analysis is None:
+        of_version = f" of version {args.version}" if args.version else ""
+        record = {"decision": "none", "reason": f"no canary{of_version} in {namespace}: nothing to decide"}
+    else:
+        record = analysis.record()
+    say(f"rollout: decision: {json.dumps(record, sort_keys=True)}")
+    if args.decision_file:
+        args.decision_file.write_text(json.dumps(record, sort_keys=True))
+    if analysis is None or args.command == "analyse":
+        return
+    if analysis.decision.promote:
+        say(f"rollout: {promote(cluster, namespace, args.model_name, args.timeout_seconds, timing, say)}")
+    else:
+        say(f"rollout: {rollback(cluster, namespace, args.model_name, say)}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        reached = roll_out(KubernetesCluster(), args.namespace, args.manifest, args.timeout_seconds)
+        run_command(KubernetesCluster(), args)
     except RolloutError as error:
-        raise SystemExit(f"rollout: {storage_uri(args.manifest)}: {error}") from None
-    print(f"rollout: {storage_uri(args.manifest)} is live: {reached}")
+        raise SystemExit(f"rollout: {args.command}: {error}") from None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The one composition of every stack: a cluster kind (stacks/kinds/) declares the cluster, images,
-storage and identity; this declares the rest the same way on every kind — the system's namespace, the
-platform, the pipeline's resources, serving, monitoring — and the stack outputs that tell a user how to
-reach the system."""
+storage, identity and Gateway class; this declares the rest the same way on every kind — the system's
+namespace, the platform, the pipeline's resources, serving, the Gateway, monitoring — and the stack
+outputs that tell a user how to reach the system."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import posixpath
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.pipeline import PipelineArgs, PipelineResources
@@ -23,6 +24,7 @@ from pipeline.manifests import (
     ClusterStorage,
     ClusterTarget,
 )
+from serving.rollout import route_name
 from stacks.config import StackConfig
 from stacks.kinds import KINDS
 
@@ -55,7 +57,10 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     Serving("serving", ServingArgs(
         target=target, namespace=config.namespace, provider=cluster.provider, depends_on=needs,
         service_account_annotations=storage.account_annotations))
-    return {**access_outputs(config, cluster.kubeconfig, storage.storage), **kind.outputs(images),
+    gateway = kind.gateway(cluster)
+    Gateway("gateway", GatewayArgs(placement=gateway, namespace=config.namespace, provider=cluster.provider,
+                                   kubeconfig=cluster.kubeconfig, depends_on=[namespace]))
+    return {**access_outputs(config, cluster.kubeconfig, storage.storage, gateway), **kind.outputs(images),
             **declare_monitoring(config, cluster.provider, platform, namespace)}
 
 
@@ -67,9 +72,6 @@ def declare_platform(config: StackConfig, provider: k8s.Provider, kubeconfig: pu
         cert_manager_version=versions.cert_manager_version,
         kserve_version=versions.kserve_version,
         provider=provider, kubeconfig=kubeconfig))
-
-
-PORT_FORWARD_PORT = 8080
 
 
 def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Platform,
@@ -86,16 +88,19 @@ def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Pl
                        "service/monitoring-kube-prometheus-stack-grafana 3000:80"}
 
 
-def access_outputs(config: StackConfig, kubeconfig: pulumi.Input[str],
-                   storage: ClusterStorage) -> dict[str, pulumi.Input]:
+def access_outputs(config: StackConfig, kubeconfig: pulumi.Input[str], storage: ClusterStorage,
+                   gateway: GatewayPlacement) -> dict[str, pulumi.Input]:
+    """How a user reaches the system. Requests go through the Gateway, whose route splits them
+    between the stable and the canary version: never straight to one predictor."""
     model = config.pipeline.model_name
+    address = {"inferenceAddress": gateway.address_hint} if gateway.address_hint else {}
     return {
         "kubeconfig": kubeconfig,
-        # The pipeline's serve step creates it, with the version the run published.
+        # The pipeline's serve step creates them, with the version the run published.
         "inferenceService": f"{config.namespace}/{model}",
-        "inferencePortForward": f"kubectl -n {config.namespace} port-forward "
-                                f"service/{model}-predictor {PORT_FORWARD_PORT}:80",
-        "inferenceUrl": f"http://localhost:{PORT_FORWARD_PORT}/v1/models/{model}:predict",
+        "inferenceRoute": f"{config.namespace}/{route_name(model)}",
+        "inferenceUrl": pulumi.Output.concat(gateway.url, f"/v1/models/{model}:predict"),
+        **address,
         "modelRepository": posixpath.join(Layout(storage.uri).models, model),
         "argoUi": f"kubectl -n {ARGO_NAMESPACE} port-forward service/argo-server 2746:2746 "
                   "# then open https://localhost:2746",

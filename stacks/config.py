@@ -319,6 +319,15 @@ class StackSettings(Section):
         """The cluster and storage sections as the stack reads them, and the cloud's settings, if any."""
         return self.cluster, self.storage, None
 
+    @model_validator(mode="after")
+    def _judgeable_canary(self) -> StackSettings:
+        """A canary is judged on our server's /metrics; KServe's TF Serving serves none."""
+        if self.pipeline.rollout.canary_percent and self.serving.runtime == "tensorflow":
+            raise fail("must be 0 with serving.runtime tensorflow: TF Serving serves no /metrics to judge "
+                       f"a canary on; got {self.pipeline.rollout.canary_percent}",
+                       "pipeline.rollout.canaryPercent")
+        return self
+
 
 class K3dStack(StackSettings):
     """A stack on a k3d cluster."""

@@ -1,7 +1,8 @@
 """Where the tests' pinned files come from, checksum-verified every time.
 
-A CRD is looked for in ../shared/schemas (a sibling checkout of the shared material), then in the
-cache .cache/fixtures/ (ignored by git), and only `download=True` (`make fixtures`) fetches it from
+A CRD is looked for in ../shared/schemas (a sibling checkout of the shared material), then among
+the upstream files the repository carries (testdata/upstream/), then in the cache .cache/fixtures/
+(ignored by git), and only `download=True` (`make fixtures`) fetches it from
 its pinned URL: the tests themselves never touch the network. A download is hashed while it is
 written to a temporary file in the cache and moved into place only when its SHA-256 matches, so the
 cache never holds a wrong or partial file.
@@ -20,6 +21,7 @@ from testdata.pins import CRD_PINS, SAMPLE_SHA256, Pin
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_SCHEMAS_DIR = REPO_ROOT.parent / "shared" / "schemas"
+COMMITTED_DIR = REPO_ROOT / "testdata" / "upstream"  # pinned files ../shared does not carry
 CACHE_DIR = REPO_ROOT / ".cache" / "fixtures"
 SAMPLE_DIR = REPO_ROOT / "datasets" / "fashion-mnist-sample"
 DOWNLOAD_TIMEOUT_S = 60.0  # per socket operation; the largest CRD is 3.2 MB
@@ -88,10 +90,11 @@ def download(pin: Pin, cache_dir: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> 
 
 
 def resolve(pin: Pin, *, shared_dir: Path = SHARED_SCHEMAS_DIR, cache_dir: Path = CACHE_DIR,
-            download_missing: bool = False) -> Path:
-    """The verified local copy of `pin`: ../shared/schemas, else the cache, else (only when asked)
-    a download into the cache. Raises FixtureMissing when it is nowhere and no download is asked."""
-    for candidate in (shared_dir / pin.name, cache_dir / pin.name):
+            committed_dir: Path = COMMITTED_DIR, download_missing: bool = False) -> Path:
+    """The verified local copy of `pin`: ../shared/schemas, else the repository's copy, else the cache,
+    else (only when asked) a download into the cache. Raises FixtureMissing when it is nowhere and no
+    download is asked."""
+    for candidate in (shared_dir / pin.name, committed_dir / pin.name, cache_dir / pin.name):
         if candidate.is_file():
             return _checked(candidate, pin.sha256)
     if download_missing:

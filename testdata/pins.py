@@ -3,7 +3,10 @@ fixed commit with the SHA-256 of their bytes, and the SHA-256 of the in-repo Fas
 
 CI caches the downloads keyed on this file's hash: change a pin here and the cache starts afresh.
 The checksums were computed from the byte-for-byte upstream copies in ../shared/schemas, whose git
-blob SHAs match the upstream ones named in its README.
+blob SHAs match the upstream ones named in its README. ../shared does not carry the Gateway API's
+CRDs, so the repository does (testdata/upstream/, the upstream files byte for byte, from the tag's
+tree: git blob 7d5b5811d140950b1849a6ae324691887da50a65 for gateways, 8c272c5d00145e6989320d1180d493d81dfb472a
+for httproutes); they are checked against the same pins as a download would be.
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ TRAINING_OPERATOR_V1_9_4 = f"{RAW}/kubeflow/trainer/4445c12aa62e4345b0c2c6ac9b21
 ARGO_V3_7_18 = f"{RAW}/argoproj/argo-workflows/66e32e5cc367f223e2ecf4fbe852b95eaed83034"
 ARGO_V4_1_2 = f"{RAW}/argoproj/argo-workflows/16a52d67daf2f4a8a76fa8bec02a76a46aa46257"
 KSERVE_V0_20_0 = f"{RAW}/kserve/kserve/1fb781055dd1567164358233e1125142ca6ef1fe"
+# Gateway API v1.2.1, the standard channel: the CRDs k3s v1.33's packaged Traefik chart (34.x)
+# installs (their bundle-version annotation), and the v1 kinds GKE's standard channel serves.
+GATEWAY_API_V1_2_1 = f"{RAW}/kubernetes-sigs/gateway-api/a8fe5c8732a37ef471d86afaf570ff8ad0ef0221"
+GATEWAY_API_CRDS = "config/crd/standard"
+GATEWAY_API_DIR = "gateway-api-v1.2.1"
 # The "full" Argo CRDs (with openAPIV3 schemas); a default v3 install uses the schema-less minimal ones.
 ARGO_FULL_CRDS = "manifests/base/crds/full"
 
@@ -51,6 +59,12 @@ CRD_PINS: dict[str, Pin] = {pin.name: pin for pin in (
     Pin("serving.kserve.io_inferenceservices.yaml",
         f"{KSERVE_V0_20_0}/config/crd/full/serving.kserve.io_inferenceservices.yaml",
         "57c3bf13f77de94678bf2ae3748056ec071ad2b9e88d6a28f44fb4710758fcff", 1_959_187),
+    Pin(f"{GATEWAY_API_DIR}/gateway.networking.k8s.io_gateways.yaml",
+        f"{GATEWAY_API_V1_2_1}/{GATEWAY_API_CRDS}/gateway.networking.k8s.io_gateways.yaml",
+        "9aea7ae080dfe9c25a814d3d14eed28f335d28de3cbdc00a0351e0e99cb3bf06", 114_445),
+    Pin(f"{GATEWAY_API_DIR}/gateway.networking.k8s.io_httproutes.yaml",
+        f"{GATEWAY_API_V1_2_1}/{GATEWAY_API_CRDS}/gateway.networking.k8s.io_httproutes.yaml",
+        "db36230a2f54ca3f1733bebc9d303d4db16c958856bf2be941a2c6269b872014", 336_031),
 )}
 
 # The 600-image sample carried in datasets/fashion-mnist-sample (see its README).

@@ -1,8 +1,9 @@
 """What differs between the clusters a stack can run on, behind one small interface.
 
-A cluster kind declares four things: the cluster and a Kubernetes provider bound to it, where the
-images come from, the storage every pipeline pod mounts, and the identity through which pods use that
-storage (annotations on their service accounts). Everything else — the platform, the pipeline,
+A cluster kind declares five things: the cluster and a Kubernetes provider bound to it, where the
+images come from, the storage every pipeline pod mounts, the identity through which pods use that
+storage (annotations on their service accounts), and the Gateway API implementation users reach the
+model through. Everything else — the platform, the pipeline,
 serving, monitoring — is composed once, the same way for every kind (stacks/compose.py).
 """
 
@@ -15,6 +16,7 @@ from typing import ClassVar
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.gateway import GatewayPlacement
 from pipeline.manifests import ClusterStorage, Images
 from stacks.config import StackConfig, StackSettings
 
@@ -68,6 +70,11 @@ class ClusterKind(abc.ABC):
     @abc.abstractmethod
     def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
         """Declares the storage, usable by pods running as the service accounts `users`."""
+
+    @abc.abstractmethod
+    def gateway(self, cluster: Cluster) -> GatewayPlacement:
+        """The GatewayClass and listener port of the model's Gateway on this cluster, what must exist
+        before it, and how a user reaches it."""
 
     def training_placement(self) -> TrainingPlacement:
         return TrainingPlacement()

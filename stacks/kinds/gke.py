@@ -6,9 +6,19 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.gateway import GatewayPlacement
 from infra.gcs import GcsStorage, GcsStorageArgs
-from infra.gke import GkeCluster, GkeClusterArgs, NodePoolArgs, node_selector, toleration
+from infra.gke import (
+    GATEWAY_CLASS,
+    GATEWAY_LISTENER_PORT,
+    GkeCluster,
+    GkeClusterArgs,
+    NodePoolArgs,
+    node_selector,
+    toleration,
+)
 from infra.registry import RegistryImages, RegistryImagesArgs
+from serving.rollout import GATEWAY_NAME
 from stacks.config import GkeConfig, GkeStack, NodePoolConfig
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
 
@@ -62,6 +72,13 @@ class GkeKind(ClusterKind):
         pool = self._pools[name]
         return TrainingPlacement(tolerations=tuple(toleration(taint) for taint in pool.taints),
                                  node_selector=node_selector(name), gpus=pool.gpus)
+
+    def gateway(self, cluster: Cluster) -> GatewayPlacement:
+        # GKE gives the Gateway a load balancer's address once it has programmed it (minutes).
+        address = (f"kubectl -n {self.config.namespace} get gateway {GATEWAY_NAME} "
+                   "-o jsonpath='{.status.addresses[0].value}'")
+        return GatewayPlacement(GATEWAY_CLASS, GATEWAY_LISTENER_PORT, url="http://<inferenceAddress>",
+                                address_hint=address)
 
     def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
         return {"images": pulumi.Output.from_input(images.images).apply(
