@@ -1,4 +1,4 @@
-"""The pipeline as data: ingest -> train-<variant> (in parallel) -> select -> serve.
+"""The pipeline as data: ingest -> train-<variant> (in parallel) -> select -> serve -> rollout.
 
 Both engines read these steps: the local engine runs each as processes under a local directory, the
 Argo renderer turns each into a template whose pods see the same layout under the volume's mount.
@@ -27,6 +27,7 @@ SERVING_IMAGE = "serving"
 INGEST = "ingest"
 SELECT = "select"
 SERVE = "serve"
+ROLLOUT = "rollout"
 TRAIN_PREFIX = "train-"
 
 # Where every pod mounts the storage volume, on every cluster: the steps' paths are under it.
@@ -71,7 +72,8 @@ class StepKind(enum.Enum):
     INGEST = "ingest"  # fetches and verifies the dataset
     TRAIN = "train"  # trains one variant on distributed workers
     SELECT = "select"  # evaluates the trained variants, publishes the best
-    SERVE = "serve"  # serves the published model
+    SERVE = "serve"  # serves the published model (a canary beside the stable version)
+    ROLLOUT = "rollout"  # promotes the canary or rolls it back, on the server's metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +161,15 @@ def serve_args(config: PipelineConfig, model_repo: str) -> list[str]:
     return ["--model-repo", model_repo, *serving_flags(config)]
 
 
+def rollout_flags(config: PipelineConfig) -> list[str]:
+    """The canary's policy (`pipeline.rollout`) as the rollout step's flags."""
+    rollout = config.rollout
+    return ["--canary-percent", str(rollout.canary_percent), "--min-requests", str(rollout.min_requests),
+            "--max-wait-seconds", str(rollout.max_wait_seconds),
+            "--max-error-rate-increase", f"{rollout.max_error_rate_increase:g}",
+            "--max-latency-ratio", f"{rollout.max_latency_ratio:g}"]
+
+
 def ingest_step(config: PipelineConfig, layout: Layout) -> Step:
     args = ["--source", config.data_source, "--out", layout.data]
     if config.fallback_data_source:
@@ -200,10 +211,18 @@ def serve_step(config: PipelineConfig, layout: Layout) -> Step:
                 depends=(SELECT,), resources=config.serving.resources, retries=config.retries)
 
 
+def rollout_step(config: PipelineConfig, layout: Layout) -> Step:
+    """After serve: the canary's evidence decides; the served versions (rollout state) change."""
+    return Step(name=ROLLOUT, kind=StepKind.ROLLOUT, image=SERVING_IMAGE, module="serving.rollout",
+                args=tuple(rollout_flags(config)), inputs=(layout.models,), outputs=(layout.models,),
+                depends=(SERVE,), resources=config.step_resources, retries=config.retries)
+
+
 def build_steps(config: PipelineConfig, root: str) -> list[Step]:
     """Every step in dependency order, its paths under `root`."""
     layout = Layout(root)
     return in_dependency_order([ingest_step(config, layout),
                                 *(train_step(config, layout, variant) for variant in config.variants),
                                 select_step(config, layout),
-                                serve_step(config, layout)])
+                                serve_step(config, layout),
+                                rollout_step(config, layout)])

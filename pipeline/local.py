@@ -12,8 +12,9 @@
   repeated on the console. Ctrl-C (SIGINT) or SIGTERM stops every child: `install_stop_handlers`.
 
 How each kind of step runs is its handler in HANDLERS: what its memo key is, what its committed
-outputs hold, or that it is the one step served after the others; a kind without one is an error
-naming the step before anything starts.
+outputs hold, that it is the one step served after the others, or that it runs against the served
+step (the canary's rollout, pipeline.local_rollout); a kind without one is an error naming the step
+before anything starts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Callable, NoReturn, Sequence
 
 from PIL import Image
 
+from pipeline import local_rollout
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     Layout,
@@ -86,6 +88,7 @@ class RunResult:
     version_dir: Path
     example: str  # the served model's answer to one test image
     log_dir: Path
+    rollout: dict | None  # the canary's decision (serving.canary.Decision.as_record), None: no canary
 
 
 def stop_on_signal(_signum: int, _frame: object) -> NoReturn:
@@ -140,19 +143,23 @@ class Memo:
 class LocalRun:
     """One run of the pipeline's steps up to select; `serve` is separate because it may not end."""
 
-    def __init__(self, config: PipelineConfig, print_line: Printer = print):
+    def __init__(self, config: PipelineConfig, print_line: Printer = print,
+                 forced_rollout: local_rollout.Forced | None = None):
         self.config = config
         self.root = Path(config.storage_root)
         self.layout = Layout(str(self.root))
         steps = build_steps(config, str(self.root))
         require_handlers(steps, HANDLERS, "local")
-        # The run loop's steps, each with its handler; the one served step runs after them.
+        # The run loop's steps, each with its handler; the one served step runs after them, and the
+        # steps against the server once it is up.
         self.handlers: dict[str, ToCompletion] = {}
-        served = []
+        served, self.against_server = [], []
         for step in steps:
             found = HANDLERS[step.kind]
             if isinstance(found, ToCompletion):
                 self.handlers[step.name] = found
+            elif isinstance(found, AgainstServer):
+                self.against_server.append(step)
             else:
                 served.append(step)
         if len(served) != 1:
@@ -168,6 +175,8 @@ class LocalRun:
         self.running: dict[str, Attempt] = {}
         self.started = time.monotonic()
         self.code_digest = trainer_code_digest()  # once: every step's key includes it
+        self.forced_rollout = forced_rollout
+        self.rollout: dict | None = None  # the canary's decision, once made
 
     # Keys and output digests ------------------------------------------------------------------
 
@@ -262,11 +271,18 @@ class LocalRun:
     # Results -----------------------------------------------------------------------------------
 
     def selection(self) -> tuple[dict, Path]:
-        """This run's selection (published or kept back by the promotion gate), and the version served:
-        the latest published."""
+        """This run's selection (published or kept back by the promotion gate), and the version served
+        before this run's canary: rollout.json's stable one, else the latest published."""
         model_dir = Path(self.layout.models) / self.config.model_name
-        version = model_repository.latest_version(Path(self.layout.models), self.config.model_name)
+        version = model_repository.served_version(Path(self.layout.models), self.config.model_name)
         return json.loads((model_dir / LAST_SELECTION_FILE).read_text()), self.version_dir(version)
+
+    def published_now(self, selection: dict) -> int | None:
+        """The version this run's selection published; None when it was kept back or memoized (a
+        memoized selection's version was rolled out by the run that published it)."""
+        memoized = any(self.outcomes[step.name].memoized for step in self.steps
+                       if step.kind is StepKind.SELECT)
+        return None if memoized else selection["version"]
 
 
 # How the local engine runs each kind of step ----------------------------------------------------
@@ -338,12 +354,30 @@ class Served:
     """The step served after every other has finished, for one prediction or until Ctrl-C."""
 
 
+@dataclasses.dataclass(frozen=True)
+class AgainstServer:
+    """A step run in this process once the served step is ready, given its URL (the canary's test
+    and decision); returns the line to print."""
+    run: Callable[[LocalRun, Step, str], str]
+
+
+def canary_rollout(run: LocalRun, step: Step, url: str) -> str:
+    """Tests the canary the server started with, if any, and promotes it or rolls it back."""
+    outcome = local_rollout.run_canary(run.config, url, Path(run.layout.data), run.forced_rollout)
+    if outcome is None:
+        return "no canary"
+    decision, _ = outcome
+    run.rollout = decision.as_record()
+    return local_rollout.summary(*outcome)
+
+
 # Step kind -> how the local engine runs it.
 HANDLERS: dict[StepKind, ToCompletion | Served] = {
     StepKind.INGEST: ToCompletion(dataset_digest, memo_key=ingest_key, expires=True),
     StepKind.TRAIN: ToCompletion(export_digest, prepare=reset_stale_checkpoints),
     StepKind.SELECT: ToCompletion(selection_digest),
     StepKind.SERVE: Served(),
+    StepKind.ROLLOUT: AgainstServer(canary_rollout),
 }
 
 
@@ -391,10 +425,11 @@ def format_table(outcomes: dict[str, Outcome], selection: dict, steps: Sequence[
     return "\n".join(lines)
 
 
-def run_pipeline(config: PipelineConfig, serve_forever: bool = False,
-                 print_line: Printer = print) -> RunResult:
-    """Runs every step; serves the published model for one example prediction, or until Ctrl-C."""
-    run = LocalRun(config, print_line)
+def run_pipeline(config: PipelineConfig, serve_forever: bool = False, print_line: Printer = print,
+                 forced_rollout: local_rollout.Forced | None = None) -> RunResult:
+    """Runs every step; serves the published model (as a canary beside the version served before)
+    for one example prediction and the canary's decision, then until Ctrl-C if asked."""
+    run = LocalRun(config, print_line, forced_rollout)
     run.run()
     selection, version_dir = run.selection()
     print_line(format_table(run.outcomes, selection, run.steps))
@@ -404,6 +439,12 @@ def run_pipeline(config: PipelineConfig, serve_forever: bool = False,
         print_line(f"not promoted: {selection['promotion']['reason']}; serving {config.model_name} "
                    f"version {version_dir.name} ({version_dir})")
 
+    base = local_rollout.model_base(config)
+    state = local_rollout.starting_state(base, run.published_now(selection), config.rollout.canary_percent)
+    model_repository.write_rollout(base, state)
+    if state.canary is not None:
+        print_line(f"canary: version {state.canary} takes {state.canary_percent}% of requests, "
+                   f"version {state.stable} the rest")
     serve = run.serve_step.name
     serve_log = run.log_dir / serve / "server.log"
     serve_log.parent.mkdir(parents=True, exist_ok=True)
@@ -416,8 +457,13 @@ def run_pipeline(config: PipelineConfig, serve_forever: bool = False,
         example = example_prediction(url, image, true_class, config.model_name)
         run.outcomes[serve] = Outcome(serve, ready, memoized=False)
         print_line(f"{run.elapsed()} {serve}: ready in {ready:.1f}s at {url}; {example}")
+        for step in run.against_server:
+            started = time.monotonic()
+            line = HANDLERS[step.kind].run(run, step, url)
+            run.outcomes[step.name] = Outcome(step.name, time.monotonic() - started, memoized=False)
+            print_line(f"{run.elapsed()} {step.name}: {line}")
         if serve_forever:
             print_line(f"serving {url} until Ctrl-C; try:\n{curl_example(url, config.model_name, image)}")
             process.wait()
-    return RunResult(run.outcomes, selection, version_dir, example, run.log_dir)
+    return RunResult(run.outcomes, selection, version_dir, example, run.log_dir, run.rollout)
 

@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-REQUESTS = Counter("dist_ml_requests_total", "Inference requests", ["protocol", "status"])
-LATENCY = Histogram("dist_ml_request_seconds", "Inference request latency", ["protocol", "status"],
+# The names and label the canary decision reads back from /metrics (serving.canary). `version` is the
+# served version that answered (the x-model-version header); "" for a request refused before one was
+# chosen (a body too large, a full queue, an unparseable request).
+REQUESTS_METRIC = "dist_ml_requests"
+LATENCY_METRIC = "dist_ml_request_seconds"
+ERRORS_METRIC = "dist_ml_errors"
+VERSION_LABEL = "version"
+
+REQUESTS = Counter(REQUESTS_METRIC, "Inference requests", ["protocol", "status", VERSION_LABEL])
+LATENCY = Histogram(LATENCY_METRIC, "Inference request latency", ["protocol", "status", VERSION_LABEL],
                     buckets=LATENCY_BUCKETS)
-ERRORS = Counter("dist_ml_errors_total", "Failed inference requests", ["kind"])
+ERRORS = Counter(ERRORS_METRIC, "Failed inference requests", ["kind", VERSION_LABEL])
 BATCH_SIZE = Histogram("dist_ml_batch_size", "Instances per model call", buckets=BATCH_BUCKETS)
 MODEL_VERSION = Gauge("dist_ml_model_version", "Model version being served", ["model"])
 QUEUE_FULL = Counter("dist_ml_queue_full_total",
                      "Inference requests refused with 503: the batcher's queue was full")
 LOG_ENTRIES_DROPPED = Counter("dist_ml_log_entries_dropped_total",
                               "Request log entries dropped: queue full or sink failing")
+
+# The version that handled the request in progress, for a failure, whose response carries no version
+# header: the server's middleware sets a fresh holder per request, the model fills it in. A holder,
+# not the value, so that the model's writes reach the middleware through any copy of the context.
+ANSWERED_BY: ContextVar[dict[str, str] | None] = ContextVar("answered_by", default=None)
 
 ERROR_KINDS = {400: "invalid_input", 404: "not_found", 413: "body_too_large", 422: "invalid_request",
                503: "not_ready"}
@@ -26,3 +41,10 @@ def error_kind(status: int) -> str | None:
     if status < 400:
         return None
     return ERROR_KINDS.get(status, "internal" if status >= 500 else "client_error")
+
+
+def note_answered_by(version: int | None) -> None:
+    """Labels the request in progress with `version` (nothing for None or outside a measured request)."""
+    holder = ANSWERED_BY.get()
+    if holder is not None and version is not None:
+        holder[VERSION_LABEL] = str(version)

@@ -1,6 +1,7 @@
 """The published Fashion-MNIST model as a KServe model: both protocols, dynamic batching, and the
-newest committed version under a base path (TF Serving's layout, REPO/<model name> of the model
-repository or a release's /mnt/models), switched to while serving."""
+versions under a base path (TF Serving's layout, REPO/<model name> of the model repository or a
+release's /mnt/models), switched to while serving: the newest committed version, or the stable
+version and a canary that the base path's rollout state names (serving.versions)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,16 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from serving.batching import DynamicBatcher
 from serving.inputs import Batch, parse_v1, parse_v2
-from serving.metrics import BATCH_SIZE, MODEL_VERSION, QUEUE_FULL
+from serving.metrics import BATCH_SIZE, MODEL_VERSION, QUEUE_FULL, note_answered_by
 from serving.request_log import RequestLogger
-from trainer import model_repository
+from serving.versions import VersionSet, load_state, wanted_state
 from trainer.fashion_mnist import NUM_CLASSES
 from trainer.serving_contract import PIXELS_SIGNATURE, SERVING_SIGNATURE
 
 VERSION_HEADER = "x-model-version"
 OUTPUTS = ("probabilities", "class_id", "class_name")
+# Set on a request's error by the batch that failed it: the version its failure is counted against.
+FAILED_VERSION_ATTRIBUTE = "model_version"
 # Images admitted and not yet answered before requests get a 503: 32 full batches, under a second of
 # work at the ~1,200-1,500 images/s measured on two cores, so a request admitted is answered well
 # within a client's usual timeout, and one that would wait longer is told at once to retry.
@@ -103,7 +106,7 @@ class FashionMnistModel(Model):
         super().__init__(name, return_response_headers=True)
         self.base_path, self.poll_seconds = base_path, poll_seconds
         self.request_logger, self.log_payloads = request_logger, log_payloads
-        self.current: LoadedVersion | None = None
+        self.versions: VersionSet[LoadedVersion] | None = None
         self.batcher = DynamicBatcher(self._run_batches, len, max_batch_size, max_wait_seconds,
                                       observe_batch=BATCH_SIZE.observe, max_queued=max_queued_images,
                                       on_queue_full=QUEUE_FULL.inc)
@@ -118,25 +121,34 @@ class FashionMnistModel(Model):
         threading.Thread(target=self._watch, name="version-watcher", daemon=True).start()
         return self.ready
 
+    @property
+    def current(self) -> LoadedVersion | None:
+        """The stable version: the one a request answered outside a canary's share gets."""
+        return self.versions.stable if self.versions is not None else None
+
     def refresh(self) -> bool:
-        """Loads the newest version if it is newer than the one served; True if one is loaded.
-        A version without its commit marker is still being written, or was abandoned: not seen."""
-        latest = model_repository.latest_committed(self.base_path)
-        if latest is not None and (self.current is None or latest > self.current.number):
-            # Requests keep using the old version until this one assignment swaps them over.
-            self.current = load_version(self.base_path, latest)
+        """Serves what the base path asks for (its rollout state, else its newest committed version)
+        when that changed, loading only versions not loaded yet; True if a version is loaded. A
+        version without its commit marker is still being written, or was abandoned: not seen."""
+        wanted = wanted_state(self.base_path)
+        if wanted is not None and (self.versions is None or wanted != self.versions.state):
+            # Requests keep using the old versions until this one assignment swaps them over.
+            self.versions = load_state(wanted, self.versions,
+                                       lambda number: load_version(self.base_path, number))
             freeze_long_lived_objects()
-            MODEL_VERSION.labels(self.name).set(latest)
-            logger.info("serving %s version %d", self.name, latest)
-        return self.current is not None
+            MODEL_VERSION.labels(self.name).set(wanted.stable)
+            canary = (f", canary version {wanted.canary} for {wanted.canary_percent}% of requests"
+                      if wanted.canary is not None else "")
+            logger.info("serving %s version %d%s", self.name, wanted.stable, canary)
+        return self.versions is not None
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):
             try:
                 self.refresh()
             except Exception:  # a half-broken new version must not stop the old one serving
-                logger.exception("could not load a new version of %s; still serving %d",
-                                 self.name, self.current.number)
+                logger.exception("could not serve what %s asks for; still serving %s",
+                                 self.base_path, self.versions.state)
 
     def stop(self) -> None:
         self._stop.set()
@@ -154,7 +166,7 @@ class FashionMnistModel(Model):
         """One model call per kind of input for all waiting requests, split back per request. When a
         merged call fails, each of its requests is run alone, so that one bad request fails only
         itself."""
-        version = self.current
+        version = self.versions.choose()
         results: list[Prediction | Exception | None] = [None] * len(batches)
         for kind in ("encoded", "pixels"):
             members = [i for i, b in enumerate(batches) if getattr(b, kind) is not None]
@@ -166,6 +178,9 @@ class FashionMnistModel(Model):
                 split = [run_alone(version, batches[i]) for i in members]
             for i, result in zip(members, split, strict=True):
                 results[i] = result
+        for result in results:
+            if isinstance(result, Exception):
+                setattr(result, FAILED_VERSION_ATTRIBUTE, version.number)
         return results
 
     async def predict(self, payload: dict | InferRequest, headers: dict[str, str] | None = None,
@@ -173,7 +188,11 @@ class FashionMnistModel(Model):
         started = time.perf_counter()
         is_v2 = isinstance(payload, InferRequest)
         batch = parse_v2(payload) if is_v2 else parse_v1(payload)
-        prediction = await self.batcher.submit(batch)
+        try:
+            prediction = await self.batcher.submit(batch)
+        except Exception as error:
+            note_answered_by(getattr(error, FAILED_VERSION_ATTRIBUTE, None))
+            raise
         if response_headers is not None:
             response_headers[VERSION_HEADER] = str(prediction.version)
         request_id = ((payload.id if is_v2 else None) or (headers or {}).get("x-request-id")

@@ -29,13 +29,14 @@ from timing_asgi import TimingMiddleware
 
 from common import cli
 from serving.batching import QueueFull
-from serving.metrics import ERRORS, LATENCY, REQUESTS, error_kind
-from serving.model import DEFAULT_MAX_QUEUED_IMAGES, FashionMnistModel
+from serving.metrics import ANSWERED_BY, ERRORS, LATENCY, REQUESTS, VERSION_LABEL, error_kind
+from serving.model import DEFAULT_MAX_QUEUED_IMAGES, VERSION_HEADER, FashionMnistModel
 from serving.request_log import RequestLogger, cloudevents_sink, file_sink
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # What a 503 for a full queue tells clients to wait: the queue drains in under a second.
 RETRY_AFTER_SECONDS = 1
+VERSION_HEADER_BYTES = VERSION_HEADER.encode()  # ASGI header names are lower-case bytes
 INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/[^/]+:predict$"),
                    "v2": re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")}
 
@@ -45,7 +46,9 @@ def protocol_of(path: str) -> str | None:
 
 
 class LimitAndMeasure:
-    """The body size limit (413), and request count, latency and errors by protocol and status.
+    """The body size limit (413), and request count, latency and errors by protocol, status and the
+    version that answered (its response header; for a failure, the version the model noted; "" when
+    no version was chosen).
 
     Plain ASGI: Starlette's BaseHTTPMiddleware costs a task group and a response stream per request,
     which was about a tenth of the server's CPU under load.
@@ -59,12 +62,14 @@ class LimitAndMeasure:
         if protocol is None:
             return await self.app(scope, receive, send)
         started = time.perf_counter()
-        status = 500
+        status, version, answered_by = 500, "", {}
+        ANSWERED_BY.set(answered_by)
 
         async def send_and_note_status(message: dict) -> None:
-            nonlocal status
+            nonlocal status, version
             if message["type"] == "http.response.start":
                 status = message["status"]
+                version = dict(message.get("headers", ())).get(VERSION_HEADER_BYTES, b"").decode()
             await send(message)
 
         try:
@@ -74,10 +79,11 @@ class LimitAndMeasure:
             else:
                 await self.app(scope, body, send_and_note_status)
         finally:
-            REQUESTS.labels(protocol, str(status)).inc()
-            LATENCY.labels(protocol, str(status)).observe(time.perf_counter() - started)
+            version = version or answered_by.get(VERSION_LABEL, "")
+            REQUESTS.labels(protocol, str(status), version).inc()
+            LATENCY.labels(protocol, str(status), version).observe(time.perf_counter() - started)
             if kind := error_kind(status):
-                ERRORS.labels(kind).inc()
+                ERRORS.labels(kind, version).inc()
 
     async def _body_within_limit(self, scope: dict, receive: Callable) -> tuple[Callable | None, int]:
         """(`receive` as the app should see it, or None when the body is over the limit, then

@@ -25,7 +25,7 @@ def test_each_step_says_what_it_is():
     kinds = {s.name: s.kind for s in build_steps(CONFIG, "/data")}
     assert kinds == {"ingest": StepKind.INGEST, "train-cnn": StepKind.TRAIN,
                      "train-cnn-batchnorm": StepKind.TRAIN, "select": StepKind.SELECT,
-                     "serve": StepKind.SERVE}
+                     "serve": StepKind.SERVE, "rollout": StepKind.ROLLOUT}
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
@@ -95,3 +95,4 @@ def test_the_local_engine_serves_the_serve_kind_after_the_others(tmp_path):
     run = local.LocalRun(config, print_line=lambda line: None)
     assert [s.kind for s in run.steps] == [StepKind.INGEST, StepKind.TRAIN, StepKind.TRAIN, StepKind.SELECT]
     assert run.serve_step.kind is StepKind.SERVE
+    assert [s.kind for s in run.against_server] == [StepKind.ROLLOUT]

@@ -53,7 +53,8 @@ def test_the_dag_runs_ingest_then_each_variant_in_parallel_then_select_then_serv
     template = argo.workflow_template(parse_config(CONFIG))
     tasks = {t["name"]: t.get("depends") for t in templates(template)["pipeline"]["dag"]["tasks"]}
     assert tasks == {"ingest": None, "train-cnn": "ingest", "train-cnn-batchnorm": "ingest",
-                     "select": "train-cnn && train-cnn-batchnorm", "serve": "select"}
+                     "select": "train-cnn && train-cnn-batchnorm", "serve": "select",
+                     "rollout": "serve"}
 
 
 def test_tfjobs_follow_the_config():

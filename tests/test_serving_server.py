@@ -229,10 +229,10 @@ def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir
     assert requests.post(url + path, json=body).status_code == 200
     requests.post(url + path, json={"inputs": []})
     metrics = requests.get(f"{url}/metrics").text
-    assert 'dist_ml_requests_total{protocol="v2",status="200"}' in metrics
-    assert 'dist_ml_request_seconds_bucket{le="0.1",protocol="v2",status="200"}' in metrics
+    assert 'dist_ml_requests_total{protocol="v2",status="200",version="1"}' in metrics
+    assert 'dist_ml_request_seconds_bucket{le="0.1",protocol="v2",status="200",version="1"}' in metrics
     assert "dist_ml_batch_size_count" in metrics
-    assert 'dist_ml_errors_total{kind="invalid_input"}' in metrics
+    assert 'dist_ml_errors_total{kind="invalid_input",version=""}' in metrics  # refused before a version
     assert 'dist_ml_model_version{model="fmnist"} 1.0' in metrics
 
 

@@ -20,20 +20,29 @@ publisher writes into a directory that another, slower one may still be writing,
 always means one model (a pod that downloads release N again after a restart gets the same files).
 The abandoned directory stays for a person to look at and delete. A publish that fails with an
 exception in-process removes what it wrote, and its number may then be used again.
+
+What is served, REPO/<model name>/rollout.json (ROLLOUT_FILE, written whole): {"stable": N,
+"canary": M or null, "canaryPercent": P}, the stable version and the canary that takes P% of the
+requests. The local engine writes it (serve starts a canary; promote and roll back settle it) and
+the server's version watcher follows it. Without it, the latest committed version is served alone.
+A rollback only names another stable version here: no version is ever deleted.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 from pathlib import Path
 from typing import Callable
 
-from trainer.atomic import commit, copy_contents, is_committed
+from trainer.atomic import commit, copy_contents, is_committed, write_whole
 
 # What trainer.select writes (the pipeline's engines read them, without TensorFlow): its record inside
 # each published version, and the latest one, promoted or not, beside the versions.
 SELECTION_FILE = "selection.json"
 LAST_SELECTION_FILE = "last-selection.json"
+ROLLOUT_FILE = "rollout.json"
 # Each attempt loses a race to another publisher that claimed the same number first.
 MAX_CLAIM_ATTEMPTS = 100
 
@@ -120,3 +129,57 @@ def publish(source: Path, repo: Path, model_name: str,
             shutil.rmtree(release, ignore_errors=True)
         raise
     return version
+
+
+class RolloutError(ValueError):
+    """rollout.json cannot be read as a rollout state; names the file and what is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutState:
+    """The served versions: `stable`, and a `canary` answering `canary_percent`% of the requests."""
+    stable: int
+    canary: int | None = None
+    canary_percent: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.canary_percent <= 100):
+            raise RolloutError(f"canaryPercent {self.canary_percent} is not within 0-100")
+        if self.canary is not None and self.canary == self.stable:
+            raise RolloutError(f"the canary is the stable version {self.stable}")
+
+    def as_json(self) -> dict:
+        return {"stable": self.stable, "canary": self.canary, "canaryPercent": self.canary_percent}
+
+
+def read_rollout(base: Path) -> RolloutState | None:
+    """The rollout state under a base path, None when there is none (the latest version is served)."""
+    path = base / ROLLOUT_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+        canary = record.get("canary")
+        return RolloutState(_version(record["stable"]), None if canary is None else _version(canary),
+                            int(record.get("canaryPercent", 0)))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise RolloutError(f"{path}: not a rollout state ({type(error).__name__}: {error})") from None
+
+
+def _version(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{value!r} is not a version number")
+    return value
+
+
+def write_rollout(base: Path, state: RolloutState) -> None:
+    write_whole(base / ROLLOUT_FILE, json.dumps(state.as_json()) + "\n")
+
+
+def served_version(repo: Path, model_name: str) -> int | None:
+    """The stable version being served: rollout.json's, else the latest committed. The promotion gate
+    compares with it, so that a version rolled back is not the bar the next run must clear."""
+    state = read_rollout(repo / model_name)
+    return state.stable if state is not None else latest_version(repo, model_name)

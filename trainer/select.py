@@ -133,7 +133,7 @@ def compare_with_served(winner: Evaluation, data_dir: Path, repo: Path, model_na
                         min_improvement: float) -> dict:
     """The gate's record: the winner against the served version on the validation images."""
     validation = data.split_validation(load_split(data_dir, "train"))[1]
-    served = model_repository.latest_version(repo, model_name)
+    served = model_repository.served_version(repo, model_name)
     served_accuracy = (validation_accuracy(repo / model_name / str(served), validation)
                        if served is not None else None)
     candidate_accuracy = validation_accuracy(winner.export_dir, validation)
