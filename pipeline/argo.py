@@ -176,14 +176,6 @@ def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) 
     }
 
 
-def canary_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
-    """Placeholder until the cluster's canary lands (branch rollout-cluster replaces it): the rollout
-    step's command as a plain container, bounded by the canary's longest wait."""
-    return {"name": step.name, "retryStrategy": retry_strategy(step),
-            "activeDeadlineSeconds": config.rollout.max_wait_seconds + ROLLOUT_TIMEOUT_SECONDS,
-            "container": container(step, MAIN_CONTAINER, target.images)}
-
-
 def rollout_manifest(template: dict) -> dict:
     """The InferenceService a serve template rolls out (its placeholders left as they are)."""
     args = template["container"]["args"]
@@ -197,7 +189,7 @@ TEMPLATES: dict[StepKind, Renderer] = {
     StepKind.TRAIN: train_template,
     StepKind.SELECT: select_template,
     StepKind.SERVE: serve_template,
-    StepKind.ROLLOUT: canary_template,
+    StepKind.ROLLOUT: rollout_template,
 }
 
 

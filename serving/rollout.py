@@ -349,14 +349,14 @@ def scrape(cluster: Cluster, namespace: str, isvc: dict) -> dict[str, canary.Evi
             continue
         by_version = canary.evidence_by_version(
             cluster.pod_metrics(namespace, pod["metadata"]["name"], port))
-        found[pod["metadata"]["name"]] = by_version.get(version, canary.Evidence(0, 0, 0.0))
+        found[pod["metadata"]["name"]] = by_version.get(version, canary.Evidence())
     return found
 
 
 def window(now: Mapping[str, canary.Evidence], start: Mapping[str, canary.Evidence]) -> canary.Evidence:
     """What the pods served since `start`: a pod that was not there then, or whose counters went
     back (it restarted), counts from zero."""
-    total = canary.Evidence(0, 0, 0.0)
+    total = canary.Evidence()
     for pod, evidence in now.items():
         before = start.get(pod)
         if before is not None and evidence.requests >= before.requests:
@@ -375,10 +375,9 @@ class Analysis:
 
     def record(self) -> dict:
         """The decision and its numbers, as the rollout step prints and outputs them."""
-        decision = self.decision
-        return {"decision": "promote" if decision.promote else "rollback", "reason": decision.reason,
-                "stable": {"version": self.stable_version, **dataclasses.asdict(decision.stable)},
-                "canary": {"version": self.canary_version, **dataclasses.asdict(decision.canary)},
+        record = self.decision.as_record()
+        return {**record, "stable": {"version": self.stable_version, **record["stable"]},
+                "canary": {"version": self.canary_version, **record["canary"]},
                 "waitedSeconds": round(self.waited_seconds, 1)}
 
 

@@ -99,7 +99,8 @@ def resolve(pin: Pin, *, shared_dir: Path = SHARED_SCHEMAS_DIR, cache_dir: Path 
             return _checked(candidate, pin.sha256)
     if download_missing:
         return download(pin, cache_dir)
-    raise FixtureMissing(f"upstream CRD {pin.name} is in neither {shared_dir} nor {cache_dir}; {GET_THEM}")
+    raise FixtureMissing(f"upstream CRD {pin.name} is in none of {shared_dir}, {committed_dir} and "
+                         f"{cache_dir}; {GET_THEM}")
 
 
 def sample_dir(directory: Path = SAMPLE_DIR) -> Path:

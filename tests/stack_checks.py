@@ -14,10 +14,13 @@ import yaml
 from pipeline import argo
 from stacks import program, render
 
-CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml"}
+CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml",
+        "Gateway": "gateway-api-v1.2.1/gateway.networking.k8s.io_gateways.yaml",
+        "HTTPRoute": "gateway-api-v1.2.1/gateway.networking.k8s.io_httproutes.yaml"}
 ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}
-# Prometheus Operator's kinds: no upstream schema pinned in testdata/pins.py, none in kubernetes-validate.
-UNCHECKED_KINDS = {"PodMonitor", "ServiceMonitor"}
+# Prometheus Operator's kinds, and k3s's HelmChartConfig (its helm-controller generates the CRD in
+# code, no file to pin): no upstream schema in testdata/pins.py, none in kubernetes-validate.
+UNCHECKED_KINDS = {"PodMonitor", "ServiceMonitor", "HelmChartConfig"}
 WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
 PUBLISHED_VERSION = "3"  # what select outputs, and the serve step receives
 

@@ -14,6 +14,8 @@ import yaml
 from conftest import REPO_ROOT
 from stack_checks import PUBLISHED_VERSION, embedded, objects_of
 
+from infra import gke as gke_infra
+from infra import k3d
 from infra.pipeline import WORKFLOW_POD_RULES
 from pipeline import argo
 from pipeline.definition import Layout
@@ -28,8 +30,10 @@ EXECUTOR_NEEDS = {("argoproj.io", "workflowtaskresults", verb) for verb in ("cre
 # kubectl's verbs for a resource template's action; its success/failure conditions are polled with GET.
 ACTION_VERBS = {"create": {"create"}, "apply": {"get", "create", "patch"}, "delete": {"delete"},
                 "patch": {"get", "patch"}}
-# Who creates the namespaces the platform's own manifests put objects in.
-NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "cert-manager": "platform-cert-manager"}
+# Who creates the namespaces the platform's own manifests put objects in (k3s's kube-system comes with
+# the cluster: only the local stack puts an object there, Traefik's HelmChartConfig).
+NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "cert-manager": "platform-cert-manager",
+                      "kube-system": "cluster-cluster"}
 
 
 def stack_values(stack: str) -> dict[str, str]:
@@ -198,6 +202,66 @@ def test_the_workflow_owns_the_inference_service_and_rolls_out_the_version_selec
     assert stack.outputs["inferenceService"] == "dist-ml/fmnist"
 
 
+def test_the_route_the_rollout_creates_attaches_to_the_stacks_gateway_and_reaches_kserves_services(stack):
+    """The workflow's HTTPRoute (serving.rollout) names the Gateway the stack declares, in the same
+    namespace, which admits routes of that namespace; its backends are the Services KServe creates for
+    the InferenceServices the serve step deploys (Standard mode: <isvc>-predictor, port 80)."""
+    template = template_of(stack)
+    namespace = template["metadata"]["namespace"]
+    (gateway,) = objects_of(stack, "Gateway")
+    assert gateway["metadata"]["namespace"] == namespace
+    (listener,) = gateway["spec"]["listeners"]
+    assert listener["protocol"] == "HTTP" and listener["allowedRoutes"]["namespaces"]["from"] == "Same"
+    isvc = embedded(template, "serve")
+    route = rollout.http_route(isvc["metadata"]["name"], 10)
+    assert [ref["name"] for ref in route["spec"]["parentRefs"]] == [gateway["metadata"]["name"]]
+    assert "namespace" not in route["spec"]["parentRefs"][0]  # the route's own, where the workflow runs
+    backends = route["spec"]["rules"][0]["backendRefs"]
+    assert [b["name"] for b in backends] == [f"{name}-predictor" for name in (
+        isvc["metadata"]["name"], rollout.canary_name(isvc["metadata"]["name"]))]
+    assert {b["port"] for b in backends} == {80}
+    # Evidence comes from the predictor container's port, where the server serves /metrics.
+    (container,) = isvc["spec"]["predictor"]["containers"]
+    assert rollout.metrics_port(isvc) == container["ports"][0]["containerPort"]
+    # The Gateway is created only once the cluster serves its CRDs.
+    assert "gateway-crds-ready" in closure(stack, "gateway-gateway")
+
+
+def test_users_reach_the_model_through_the_gateway_never_one_predictor(stack):
+    outputs = " ".join(str(value) for value in stack.outputs.values())
+    assert "-predictor" not in outputs and "port-forward service/fmnist" not in outputs
+    assert stack.outputs["inferenceRoute"] == f"dist-ml/{rollout.route_name('fmnist')}"
+    assert stack.outputs["inferenceUrl"].endswith("/v1/models/fmnist:predict")
+
+
+def test_k3s_traefik_serves_the_gateway_on_the_port_k3d_forwards(local):
+    (config,) = objects_of(local, "HelmChartConfig")
+    # It customizes k3s's own HelmChart of Traefik only under the same name and namespace.
+    assert (config["metadata"]["name"], config["metadata"]["namespace"]) == ("traefik", "kube-system")
+    values = yaml.safe_load(config["spec"]["valuesContent"])
+    assert values["providers"]["kubernetesGateway"]["enabled"] is True
+    # The chart creates GatewayClass `traefik` with the provider; its own Gateway is not wanted.
+    assert values["gateway"]["enabled"] is False
+    (gateway,) = objects_of(local, "Gateway")
+    assert gateway["spec"]["gatewayClassName"] == k3d.TRAEFIK_GATEWAY_CLASS == "traefik"
+    # A listener must use an entry point's port (the chart's `web`, 8000, exposed on 80).
+    assert gateway["spec"]["listeners"][0]["port"] == k3d.TRAEFIK_WEB_PORT == 8000
+    (cluster,) = [r for r in local.of_type("command:local:Command") if r.name == "cluster-cluster"]
+    assert "--port=8088:80@loadbalancer" in cluster.inputs["create"]
+    assert local.outputs["inferenceUrl"] == "http://localhost:8088/v1/models/fmnist:predict"
+    assert "traefik-gateway-provider" in closure(local, "gateway-crds-ready")
+
+
+def test_gke_runs_its_gateway_controller_for_a_class_that_needs_no_proxy_subnet(gke):
+    (cluster,) = gke.of_type("gcp:container/cluster:Cluster")
+    assert cluster.inputs["gatewayApiConfig"] == {"channel": "CHANNEL_STANDARD"}
+    (gateway,) = objects_of(gke, "Gateway")
+    assert gateway["spec"]["gatewayClassName"] == gke_infra.GATEWAY_CLASS == "gke-l7-global-external-managed"
+    assert gateway["spec"]["listeners"][0]["port"] == 80
+    assert not gke.of_type("gcp:compute/subnetwork:Subnetwork")
+    assert "get gateway dist-ml" in gke.outputs["inferenceAddress"]
+
+
 def test_monitors_name_ports_that_exist(gke):
     (operator,) = objects_of(gke, "ServiceMonitor")
     assert operator["metadata"]["namespace"] == "kubeflow"
@@ -210,6 +274,8 @@ def test_monitors_name_ports_that_exist(gke):
 def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_serve():
     values = stack_values("gke")
     values["dist-ml:serving"] = json.dumps({**json.loads(values["dist-ml:serving"]), "runtime": "tensorflow"})
+    values["dist-ml:pipeline"] = json.dumps({**json.loads(values["dist-ml:pipeline"]),
+                                             "rollout": {"canaryPercent": 0}})
     assert objects_of(render.render("gke", values), "PodMonitor") == []
 
 
@@ -258,20 +324,23 @@ def quantity(value: str) -> float:
 
 
 def test_the_local_stacks_defaults_fit_a_default_k3d_cluster(local):
-    """The busiest moment of a run on the default local config: `parallelism` training steps at once,
-    a predictor rolling out (one surge replica), and the logger — within 3 CPUs and 6 GiB, leaving a
-    4-CPU, 8-GiB Docker VM room for the platform."""
+    """The busiest moments of a run on the default local config, each within 3 CPUs and 6 GiB, leaving
+    a 4-CPU, 8-GiB Docker VM room for the platform: training (`parallelism` training steps at once
+    beside the stable predictor and the logger), and the rollout (the stable predictor rolling to the
+    promoted version and the canary, each with one surge replica, and the logger)."""
     template = template_of(local)
     parallelism = template["spec"]["parallelism"]
     trains = [embedded(template, t["name"]) for t in template["spec"]["templates"]
               if t["name"].startswith("train-")][:parallelism]
-    pods = []
+    predictor = embedded(template, "serve")["spec"]["predictor"]
+    replica = predictor["containers"][0]["resources"]["requests"]
+    logger = named(local, "Deployment", "dist-ml-logger")["spec"]["template"]["spec"]["containers"][0]
+    training = [replica] * predictor["minReplicas"] + [logger["resources"]["requests"]]
     for tfjob in trains:
         worker = tfjob["spec"]["tfReplicaSpecs"]["Worker"]
-        pods += [worker["template"]["spec"]["containers"][0]["resources"]["requests"]] * worker["replicas"]
-    predictor = embedded(template, "serve")["spec"]["predictor"]
-    pods += [predictor["containers"][0]["resources"]["requests"]] * (predictor["minReplicas"] + 1)
-    logger = named(local, "Deployment", "dist-ml-logger")["spec"]["template"]["spec"]["containers"][0]
-    pods.append(logger["resources"]["requests"])
-    assert sum(quantity(p["cpu"]) for p in pods) <= 3
-    assert sum(quantity(p["memory"]) for p in pods) <= 6 * 2**30
+        requests = worker["template"]["spec"]["containers"][0]["resources"]["requests"]
+        training += [requests] * worker["replicas"]
+    rolling = [replica] * (predictor["minReplicas"] + 1) * 2 + [logger["resources"]["requests"]]
+    for pods in (training, rolling):
+        assert sum(quantity(p["cpu"]) for p in pods) <= 3
+        assert sum(quantity(p["memory"]) for p in pods) <= 6 * 2**30

@@ -15,6 +15,7 @@ from conftest import REPO_ROOT
 from pydantic import Field
 from stack_checks import embedded, objects_of, validate_all
 
+from infra.gateway import GatewayPlacement
 from infra.storage import PvcStorage, PvcStorageArgs
 from pipeline.config import ConfigError, Section
 from pipeline.manifests import Images
@@ -25,6 +26,7 @@ from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, Traini
 IDENTITY = {"identity.fake.example/account": "fake-storage-user"}
 IMAGES = Images(trainer="registry.fake.example/trainer:1.0", serving="registry.fake.example/serving:1.0")
 PLACEMENT = TrainingPlacement(node_selector={"fake.example/pool": "training"})
+GATEWAY = GatewayPlacement("fake-gateway-class", 8080, url="http://gateway.fake.example")
 
 
 class FakeCluster(Section):
@@ -60,6 +62,9 @@ class FakeKind(ClusterKind):
     def training_placement(self) -> TrainingPlacement:
         return PLACEMENT
 
+    def gateway(self, cluster: Cluster) -> GatewayPlacement:
+        return GATEWAY
+
     def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
         return {"fakeCluster": self.config.cluster.name}
 
@@ -91,6 +96,9 @@ def test_the_whole_stack_renders_on_a_plugged_in_kind(fake_kind, validate_crd):
     assert len(accounts) == 4 and all(a["metadata"]["annotations"] == IDENTITY for a in accounts)
     assert rendered.outputs["fakeCluster"] == "lab"
     assert rendered.outputs["inferenceService"] == "dist-ml/fmnist"
+    (gateway,) = objects_of(rendered, "Gateway")
+    assert gateway["spec"]["gatewayClassName"] == GATEWAY.class_name
+    assert rendered.outputs["inferenceUrl"] == "http://gateway.fake.example/v1/models/fmnist:predict"
 
 
 def test_a_plugged_in_kind_parses_its_own_config_and_refuses_the_others_keys(fake_kind):

@@ -138,6 +138,8 @@ BAD_STACK_CONFIG = [
     ({"cluster": {"k3sImage": "rancher/k3s:latest"}}, "cluster.k3sImage: must be a rancher/k3s image"),
     ({"cluster": {"kind": None}}, "cluster.kind: is required"),
     ({"storage": {"accessMode": "ReadOnlyMany"}}, "storage.accessMode: must be one of"),
+    ({"serving": {"runtime": "tensorflow"}},
+     "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: TF Serving serves no"),
 ]
 
 

@@ -10,7 +10,7 @@ from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, embedded
 
 from pipeline import argo
 from pipeline.config import parse_config
-from pipeline.definition import ingest_memo_key
+from pipeline.definition import PipelineError, ingest_memo_key
 from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
 
 ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.py)
@@ -28,7 +28,8 @@ def templates(template: dict) -> dict[str, dict]:
 @pytest.mark.parametrize("argo_version", sorted(ARGO_CRDS))
 @pytest.mark.parametrize("runtime", ["custom", "tensorflow"])
 def test_every_rendered_object_validates_against_the_upstream_schemas(validate_crd, argo_version, runtime):
-    config = parse_config({**CONFIG, "serving": {"runtime": runtime}})
+    canary = {"rollout": {"canaryPercent": 0 if runtime == "tensorflow" else 10}}
+    config = parse_config({"pipeline": {**CONFIG["pipeline"], **canary}, "serving": {"runtime": runtime}})
     objects = argo.render_objects(config, ClusterTarget(argo_version=argo_version))
     crds = ARGO_CRDS[argo_version]
     template = objects["workflowtemplate.yaml"]
@@ -113,6 +114,8 @@ def test_serve_rolls_out_the_version_select_published_and_autoscales_from_config
     assert serve["inputs"]["parameters"] == [{"name": "version"}]
     assert serve["container"]["command"] == ["python", "-m", "serving.rollout"]
     args = serve["container"]["args"]
+    assert args[0] == "deploy"
+    assert args[args.index("--canary-percent") + 1] == str(config.rollout.canary_percent)
     assert args[args.index("--namespace") + 1] == "{{workflow.namespace}}"
     assert 0 < float(args[args.index("--timeout-seconds") + 1]) < serve["activeDeadlineSeconds"]
     assert serve["retryStrategy"]["limit"] == str(config.retries)
@@ -129,14 +132,18 @@ def test_serve_rolls_out_the_version_select_published_and_autoscales_from_config
     assert container["args"][:4] == ["--model-base-path", "/mnt/models", "--model-name", "fmnist"]
 
 
+TF_SERVING_NO_CANARY = {"rollout": {"canaryPercent": 0}}  # TF Serving serves no /metrics to judge one on
+
+
 def test_the_tensorflow_runtime_serves_the_release_with_a_pinned_tf_serving():
-    config = parse_config({"serving": {"runtime": "tensorflow"}})
+    config = parse_config({"pipeline": TF_SERVING_NO_CANARY, "serving": {"runtime": "tensorflow"}})
     target = ClusterTarget(storage=gcs_storage("bucket-1"))
     model = embedded(argo.workflow_template(config, target), "serve")["spec"]["predictor"]["model"]
     # KServe v0.20's default (2.6.2) predates the TensorFlow that writes the export.
     assert model["modelFormat"] == {"name": "tensorflow"} and model["runtimeVersion"] == "2.20.0"
     assert model["storageUri"] == f"gs://bucket-1/releases/fmnist/{PUBLISHED_VERSION}"
-    chosen = parse_config({"serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.1"}})
+    chosen = parse_config({"pipeline": TF_SERVING_NO_CANARY,
+                           "serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.1"}})
     assert embedded(argo.workflow_template(chosen), "serve")["spec"]["predictor"]["model"][
         "runtimeVersion"] == "2.19.1"
 
@@ -151,3 +158,37 @@ def test_render_writes_one_file_per_object(tmp_path):
                      "memoize-cache.yaml": "ConfigMap"}
     workflow = yaml.safe_load((tmp_path / "out" / "workflow.yaml").read_text())
     assert workflow["spec"]["workflowTemplateRef"]["name"] == argo.WORKFLOW_TEMPLATE_NAME
+
+
+def test_the_rollout_step_judges_the_version_serve_deployed_within_bounded_waits():
+    config = parse_config({"pipeline": {"rollout": {"canaryPercent": 20, "minRequests": 500, "maxWait": "15m",
+                                                    "maxErrorRateIncrease": 0.02, "maxLatencyRatio": 2}}})
+    template = argo.workflow_template(config)
+    serve, step = templates(template)["serve"], templates(template)["rollout"]
+    # serve outputs the version it deployed, where it writes it; the DAG hands it to the rollout step.
+    serve_args = serve["container"]["args"]
+    assert serve["outputs"]["parameters"] == [
+        {"name": "version", "valueFrom": {"path": serve_args[serve_args.index("--version-file") + 1]}}]
+    (task,) = [t for t in templates(template)["pipeline"]["dag"]["tasks"] if t["name"] == "rollout"]
+    assert task["arguments"]["parameters"] == [
+        {"name": "version", "value": "{{tasks.serve.outputs.parameters.version}}"}]
+    assert serve_args[serve_args.index("--canary-percent") + 1] == "20"
+    args = step["container"]["args"]
+    flag = {name: args[args.index(name) + 1] for name in (
+        "--min-requests", "--max-wait-seconds", "--max-error-rate-increase", "--max-latency-ratio",
+        "--version", "--decision-file", "--timeout-seconds")}
+    assert args[0] == "decide" and step["container"]["command"] == ["python", "-m", "serving.rollout"]
+    assert (flag["--min-requests"], flag["--max-wait-seconds"], flag["--max-error-rate-increase"],
+            flag["--max-latency-ratio"]) == ("500", "900", "0.02", "2.0")
+    assert flag["--version"] == "{{inputs.parameters.version}}"
+    # The decision and its numbers are the step's output; Argo keeps it with the workflow.
+    assert step["outputs"]["parameters"] == [
+        {"name": "decision", "valueFrom": {"path": flag["--decision-file"]}}]
+    # Bounded: the wait for evidence plus a promotion's rollout fit within the step's deadline.
+    assert 900 + float(flag["--timeout-seconds"]) < step["activeDeadlineSeconds"]
+
+
+def test_a_canary_with_tf_serving_is_a_render_error_naming_the_key():
+    with pytest.raises(PipelineError, match="^pipeline.rollout.canaryPercent must be 0 with serving.runtime "
+                                            "tensorflow"):
+        argo.workflow_template(parse_config({"serving": {"runtime": "tensorflow"}}))

@@ -1,6 +1,8 @@
-"""The serve step's rollout on a cluster: it succeeds only when every predictor replica runs the
-version the run published, fails with the reason when a pod cannot start, and gives up at its
-timeout; a fake API server stands in for the cluster, answering as Kubernetes and KServe do."""
+"""The cluster's rollout (serving.rollout): a version's InferenceService rolls out only when every
+predictor replica runs it, fails with the reason when a pod cannot start, and gives up at its
+timeout; the serve step deploys a new version as the canary behind a weighted HTTPRoute, and the
+rollout step judges it on the predictors' metrics and promotes or rolls it back. Fake API servers
+stand in for the cluster, answering as Kubernetes and KServe do."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from unittest import mock
 
 import pytest
 from conftest import REPO_ROOT, run_module
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from pipeline import argo
 from pipeline.config import parse_config
-from pipeline.manifests import ClusterTarget, gcs_storage, inference_service
-from serving import rollout
+from pipeline.manifests import SERVING_HTTP_PORT, ClusterTarget, gcs_storage, inference_service
+from serving import metrics, rollout
+from serving.canary import Evidence
 
 NAMESPACE = "dist-ml"
 OLD_URI, NEW_URI = "gs://bucket/releases/fmnist/2", "gs://bucket/releases/fmnist/3"
@@ -82,8 +86,8 @@ def roll(cluster: FakeCluster, timeout: float = 60.0) -> tuple[str, list[str]]:
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    reached = rollout.roll_out(cluster, NAMESPACE, manifest(), timeout, poll_seconds=5,
-                               clock=lambda: now[0], sleep=sleep, say=said.append)
+    reached = rollout.roll_out(cluster, NAMESPACE, manifest(), timeout,
+                               rollout.Timing(5, lambda: now[0], sleep), say=said.append)
     return reached, said
 
 
@@ -122,7 +126,7 @@ def test_a_first_rollout_creates_the_inference_service():
 def test_a_stale_ready_status_of_the_previous_version_is_not_success():
     """The trap of KServe's status in Standard mode: everything looks ready, for the old version."""
     cluster = FakeCluster([(deployment(OLD_URI), [pod(OLD_URI)])])
-    with pytest.raises(rollout.RolloutError, match="not rolled out after 60 s: KServe has not yet updated"):
+    with pytest.raises(rollout.RolloutError, match="fmnist: not rolled out after 60 s: KServe has not yet"):
         roll(cluster)
 
 
@@ -161,7 +165,7 @@ def test_the_timeout_bounds_the_wait_and_names_the_last_state():
     cluster = FakeCluster([(deployment(NEW_URI, available=0), [pod(NEW_URI)])])
     with pytest.raises(rollout.RolloutError) as error:
         roll(cluster, timeout=30)
-    assert str(error.value) == "not rolled out after 30 s: 0 of 2 new replicas are available"
+    assert str(error.value) == "fmnist: not rolled out after 30 s: 0 of 2 new replicas are available"
 
 
 def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
@@ -173,17 +177,24 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
     granted = {(group, resource, verb) for rule in WORKFLOW_POD_RULES for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
     made = set()
-    calls = {
-        "get_namespaced_custom_object": ("serving.kserve.io", "inferenceservices", "get"),
-        "create_namespaced_custom_object": ("serving.kserve.io", "inferenceservices", "create"),
-        "replace_namespaced_custom_object": ("serving.kserve.io", "inferenceservices", "update"),
+    routes = ("gateway.networking.k8s.io", "v1", NAMESPACE, "httproutes")
+    isvcs = ("serving.kserve.io", "v1beta1", NAMESPACE, "inferenceservices")
+    calls = {  # method -> (the API call as RBAC sees it, by the group/version/plural it is made on)
+        "get_namespaced_custom_object": {isvcs: ("serving.kserve.io", "inferenceservices", "get"),
+                                         routes: ("gateway.networking.k8s.io", "httproutes", "get")},
+        "create_namespaced_custom_object": {isvcs: ("serving.kserve.io", "inferenceservices", "create"),
+                                            routes: ("gateway.networking.k8s.io", "httproutes", "create")},
+        "replace_namespaced_custom_object": {isvcs: ("serving.kserve.io", "inferenceservices", "update"),
+                                             routes: ("gateway.networking.k8s.io", "httproutes", "update")},
+        "delete_namespaced_custom_object": {isvcs: ("serving.kserve.io", "inferenceservices", "delete")},
         "read_namespaced_deployment": ("apps", "deployments", "get"),
         "list_namespaced_pod": ("", "pods", "list"),
+        "connect_get_namespaced_pod_proxy_with_path": ("", "pods/proxy", "get"),
     }
 
     def recording(name):
         def call(*args, **kwargs):
-            made.add(calls[name])
+            made.add(calls[name][tuple(args[:4])] if isinstance(calls[name], dict) else calls[name])
             return client.V1PodList(items=[]) if name == "list_namespaced_pod" else {}
         return call
 
@@ -193,40 +204,300 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
             mock.patch.multiple("kubernetes.client", **{name: lambda *a, api=api: api
                                                         for name, api in apis.items()}):
         cluster = rollout.KubernetesCluster()
+        route = rollout.http_route("fmnist", 10)
         cluster.get_inference_service(NAMESPACE, "fmnist")
         cluster.create_inference_service(NAMESPACE, manifest())
         cluster.replace_inference_service(NAMESPACE, "fmnist", manifest())
+        cluster.delete_inference_service(NAMESPACE, "fmnist-canary")
+        cluster.get_http_route(NAMESPACE, "fmnist-split")
+        cluster.create_http_route(NAMESPACE, route)
+        cluster.replace_http_route(NAMESPACE, "fmnist-split", route)
         cluster.get_deployment(NAMESPACE, "fmnist-predictor")
         cluster.list_pods(NAMESPACE, "x=y")
-    assert made == set(calls.values()) == set(rollout.API_CALLS)
+        cluster.pod_metrics(NAMESPACE, "fmnist-predictor-abc", 8080)
+    assert made == set(rollout.API_CALLS)
     assert made <= granted
 
 
-def test_the_serve_steps_manifest_is_one_the_cli_accepts():
+# --- The canary: deploy, judge, promote or roll back -----------------------------------------------
+
+def metrics_text(version: str, requests: int, errors: int = 0, latency_sum: float = 0.0) -> str:
+    """A predictor's /metrics as our server writes them (serving.metrics), on a registry of its own."""
+    registry = CollectorRegistry()
+    labels = {"protocol": "v1", "version": version}
+    served = Counter(metrics.REQUESTS_METRIC, "", ["protocol", "status", metrics.VERSION_LABEL],
+                     registry=registry)
+    failed = Counter(metrics.ERRORS_METRIC, "", ["kind", metrics.VERSION_LABEL], registry=registry)
+    latency = Histogram(metrics.LATENCY_METRIC, "", ["protocol", "status", metrics.VERSION_LABEL],
+                        registry=registry)
+    served.labels(status="200", **labels).inc(requests - errors)
+    served.labels(status="500", **labels).inc(errors)
+    failed.labels(kind="internal", version=version).inc(errors)
+    if requests:
+        latency.labels(status="200", **labels).observe(latency_sum)
+    return generate_latest(registry).decode()
+
+
+def ready_pod(name: str) -> dict:
+    return {"metadata": {"name": name},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+class FakeKServe:
+    """InferenceServices and the route as the API server keeps them; each InferenceService's
+    predictor rolls out at once; each pod's /metrics is what `traffic` says it has served so far."""
+
+    def __init__(self, isvcs: dict[str, dict] | None = None):
+        self.isvcs = {name: {**m, "metadata": {**m["metadata"], "resourceVersion": "1"}}
+                      for name, m in (isvcs or {}).items()}
+        self.routes: dict[str, dict] = {}
+        self.deleted: list[str] = []
+        self.log: list[str] = []  # the writes, in order
+        # pod name -> (InferenceService, [(requests, errors, latency sum) at each successive scrape])
+        self.traffic: dict[str, tuple[str, list[tuple[int, int, float]]]] = {}
+
+    def get_inference_service(self, namespace, name):
+        return self.isvcs.get(name)
+
+    def create_inference_service(self, namespace, manifest):
+        assert manifest["metadata"]["name"] not in self.isvcs
+        self.isvcs[manifest["metadata"]["name"]] = {**manifest, "metadata": {**manifest["metadata"],
+                                                                             "resourceVersion": "1"}}
+        self.log.append(f"create isvc {manifest['metadata']['name']} {rollout.model_version(manifest)}")
+
+    def replace_inference_service(self, namespace, name, manifest):
+        assert manifest["metadata"]["resourceVersion"] == self.isvcs[name]["metadata"]["resourceVersion"]
+        self.isvcs[name] = manifest
+        self.log.append(f"replace isvc {name} {rollout.model_version(manifest)}")
+
+    def delete_inference_service(self, namespace, name):
+        del self.isvcs[name]
+        self.deleted.append(name)
+        self.log.append(f"delete isvc {name}")
+
+    def get_http_route(self, namespace, name):
+        return self.routes.get(name)
+
+    def _weights(self, manifest):
+        return " ".join(f"{b['name']}={b['weight']}" for b in manifest["spec"]["rules"][0]["backendRefs"])
+
+    def create_http_route(self, namespace, manifest):
+        self.routes[manifest["metadata"]["name"]] = {**manifest, "metadata": {**manifest["metadata"],
+                                                                              "resourceVersion": "7"}}
+        self.log.append(f"create route {self._weights(manifest)}")
+
+    def replace_http_route(self, namespace, name, manifest):
+        assert manifest["metadata"]["resourceVersion"] == "7"
+        self.routes[name] = manifest
+        self.log.append(f"route {self._weights(manifest)}")
+
+    def get_deployment(self, namespace, name):
+        isvc = self.isvcs[name.removesuffix("-predictor")]
+        return deployment(rollout.storage_uri(isvc))
+
+    def list_pods(self, namespace, label_selector):
+        isvc = label_selector.partition("=")[2]
+        if isvc not in self.isvcs:
+            return []
+        uri = rollout.storage_uri(self.isvcs[isvc])
+        return [{**pod(uri), **ready_pod(name)} for name, (owner, _) in self.traffic.items() if owner == isvc]
+
+    def pod_metrics(self, namespace, pod_name, port):
+        assert port == 8080
+        owner, series = self.traffic[pod_name]
+        requests, errors, latency = series[0] if len(series) == 1 else series.pop(0)
+        return metrics_text(rollout.model_version(self.isvcs[owner]), requests, errors, latency)
+
+
+def run(cluster, *args: str) -> list[str]:
+    said, now = [], [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    rollout.run_command(cluster, rollout.parse_args(args), rollout.Timing(5, lambda: now[0], sleep),
+                        said.append)
+    return said
+
+
+def deploy_args(version: str, percent: int = 10) -> list[str]:
+    return ["deploy", "--namespace", NAMESPACE, "--canary-percent", str(percent),
+            "--manifest", json.dumps(manifest(version))]
+
+
+def test_the_first_version_becomes_the_stable_version_with_every_request():
+    cluster = FakeKServe()
+    said = run(cluster, *deploy_args("1"))
+    assert cluster.log == ["create isvc fmnist 1", "create route fmnist-predictor=100"]
+    assert said[-1] == ("rollout: version 1 is the stable version (2 of 2 replicas serve it); "
+                        "the route sends it every request")
+
+
+def test_a_later_version_is_deployed_as_a_canary_beside_the_stable_one_with_its_share():
+    cluster = FakeKServe({"fmnist": manifest("2")})
+    said = run(cluster, *deploy_args("3", percent=25))
+    assert cluster.log == ["create isvc fmnist-canary 3",
+                           "create route fmnist-predictor=75 fmnist-canary-predictor=25"]
+    canary_isvc = cluster.isvcs["fmnist-canary"]
+    assert canary_isvc["spec"] == manifest("3")["spec"]  # the same predictor, the new release
+    assert rollout.storage_uri(canary_isvc) == NEW_URI
+    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
+    assert said[-1].endswith("taking 25% of requests; version 2 stays stable")
+
+
+def test_with_canary_percent_0_a_later_version_replaces_the_stable_one_at_once():
+    cluster = FakeKServe({"fmnist": manifest("2"), "fmnist-canary": manifest("1")})
+    cluster.routes["fmnist-split"] = {"metadata": {"resourceVersion": "7"}}
+    run(cluster, *deploy_args("3", percent=0))
+    assert cluster.log == ["replace isvc fmnist 3", "route fmnist-predictor=100", "delete isvc fmnist-canary"]
+
+
+def test_a_version_that_is_already_stable_changes_nothing():
+    """The promotion gate kept the served version: select outputs it again."""
+    cluster = FakeKServe({"fmnist": manifest("3")})
+    said = run(cluster, *deploy_args("3"))
+    assert cluster.log == []
+    assert said[-1] == "rollout: version 3 is already the stable version: nothing to roll out"
+
+
+def test_a_canary_that_serves_no_metrics_is_refused_before_anything_changes():
+    tf_serving = inference_service(parse_config({"serving": {"runtime": "tensorflow"}}),
+                                   ClusterTarget(storage=gcs_storage("bucket")), "3")
+    cluster = FakeKServe({"fmnist": manifest("2")})
+    with pytest.raises(rollout.RolloutError, match="serves no /metrics"):
+        rollout.deploy(cluster, NAMESPACE, tf_serving, 10, 60)
+    assert cluster.log == []
+
+
+def canary_under_way(stable_series, canary_series) -> FakeKServe:
+    cluster = FakeKServe({"fmnist": manifest("2"),
+                          "fmnist-canary": rollout.renamed(manifest("3"), "fmnist-canary")})
+    cluster.routes["fmnist-split"] = {"metadata": {"resourceVersion": "7"}}
+    cluster.traffic = {"fmnist-predictor-a": ("fmnist", stable_series),
+                       "fmnist-canary-predictor-a": ("fmnist-canary", canary_series)}
+    return cluster
+
+
+def decide_args(tmp_path, *extra: str) -> list[str]:
+    return ["decide", "--namespace", NAMESPACE, "--model-name", "fmnist", "--version", "3",
+            "--min-requests", "100", "--max-wait-seconds", "600",
+            "--decision-file", str(tmp_path / "decision.json"), *extra]
+
+
+def test_a_healthy_canary_is_promoted_once_it_has_answered_enough_requests(tmp_path):
+    # The stable pod had served 5000 requests before; in the window it serves 900 more, 9 failing.
+    stable = [(5000, 50, 100.0), (5400, 54, 108.0), (5900, 59, 118.0)]
+    canary_series = [(40, 0, 0.8), (100, 1, 2.1)]
+    cluster = canary_under_way(stable, canary_series)
+    said = run(cluster, *decide_args(tmp_path))
+    record = json.loads((tmp_path / "decision.json").read_text())
+    assert record["decision"] == "promote"
+    assert record["stable"] == {"version": "2", "requests": 900, "errors": 9, "error_rate": 0.01,
+                                "mean_latency_ms": 20.0}
+    assert record["canary"]["version"] == "3" and record["canary"]["requests"] == 100
+    assert record["waitedSeconds"] == 15.0  # the second look, one poll later, saw enough
+    assert any(line.startswith("rollout: decision: ") for line in said)
+    # The stable InferenceService takes the canary's release; then all traffic to it; the canary goes.
+    assert cluster.log == ["replace isvc fmnist 3", "route fmnist-predictor=100", "delete isvc fmnist-canary"]
+    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == NEW_URI
+
+
+def test_a_failing_canary_is_rolled_back_and_no_version_is_deleted(tmp_path):
+    cluster = canary_under_way([(0, 0, 0.0), (1000, 0, 20.0)], [(0, 0, 0.0), (100, 30, 2.0)])
+    run(cluster, *decide_args(tmp_path))
+    assert json.loads((tmp_path / "decision.json").read_text())["decision"] == "rollback"
+    assert cluster.log == ["route fmnist-predictor=100", "delete isvc fmnist-canary"]
+    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
+
+
+def test_without_enough_requests_the_decision_comes_at_max_wait(tmp_path):
+    cluster = canary_under_way([(10, 0, 0.1)], [(3, 0, 0.05)])
+    run(cluster, *decide_args(tmp_path, "--max-wait-seconds", "50"))
+    record = json.loads((tmp_path / "decision.json").read_text())
+    assert record["waitedSeconds"] == 50.0 and record["canary"]["requests"] == 3
+
+
+def test_a_restarted_stable_pod_counts_from_zero():
+    start = {"a": Evidence(500, 5, 10.0), "b": Evidence(300, 0, 6.0)}
+    now = {"a": Evidence(40, 0, 0.8), "b": Evidence(320, 1, 6.5), "c": Evidence(7, 0, 0.1)}
+    assert rollout.window(now, start) == Evidence(40 + 20 + 7, 0 + 1 + 0, pytest.approx(0.8 + 0.5 + 0.1))
+
+
+def test_analyse_decides_but_changes_nothing(tmp_path):
+    cluster = canary_under_way([(0, 0, 0.0), (500, 0, 10.0)], [(0, 0, 0.0), (100, 0, 2.0)])
+    run(cluster, "analyse", *decide_args(tmp_path)[1:])
+    assert json.loads((tmp_path / "decision.json").read_text())["decision"] == "promote"
+    assert cluster.log == []
+
+
+def test_with_no_canary_of_the_runs_version_there_is_nothing_to_decide(tmp_path):
+    cluster = FakeKServe({"fmnist": manifest("3")})
+    said = run(cluster, *decide_args(tmp_path))
+    assert json.loads((tmp_path / "decision.json").read_text()) == {
+        "decision": "none", "reason": "no canary of version 3 in dist-ml: nothing to decide"}
+    assert cluster.log == [] and said[-1].startswith("rollout: decision: ")
+
+
+def test_promote_and_rollback_by_hand():
+    cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
+    run(cluster, "rollback", "--namespace", NAMESPACE, "--model-name", "fmnist")
+    assert cluster.log == ["route fmnist-predictor=100", "delete isvc fmnist-canary"]
+    with pytest.raises(rollout.RolloutError, match="no canary InferenceService dist-ml/fmnist-canary"):
+        run(cluster, "promote", "--namespace", NAMESPACE, "--model-name", "fmnist")
+
+
+def test_the_route_splits_between_kserves_predictor_services_and_validates(validate_crd):
+    route = rollout.http_route("fmnist", 10, {"app.kubernetes.io/part-of": "dist-ml"})
+    assert validate_crd("gateway-api-v1.2.1/gateway.networking.k8s.io_httproutes.yaml", route) == []
+    (rule,) = route["spec"]["rules"]
+    # KServe v0.20 Standard mode: Service <isvc>-predictor, port 80 (constants.CommonDefaultHttpPort).
+    assert [(b["name"], b["port"], b["weight"]) for b in rule["backendRefs"]] == [
+        ("fmnist-predictor", 80, 90), ("fmnist-canary-predictor", 80, 10)]
+    assert route["spec"]["parentRefs"] == [{"name": "dist-ml"}]
+    assert "matches" not in rule  # every path: the v1 and v2 protocols, /metrics excepted by nobody
+    broken = rollout.http_route("fmnist", 10)
+    broken["spec"]["rules"][0]["backendRefs"][0]["weight"] = -1
+    assert validate_crd("gateway-api-v1.2.1/gateway.networking.k8s.io_httproutes.yaml", broken)
+
+
+def test_the_metrics_port_is_the_predictor_containers_port():
+    assert rollout.metrics_port(manifest()) == SERVING_HTTP_PORT
+
+
+def test_the_serve_and_rollout_steps_arguments_are_ones_the_cli_accepts():
     template = argo.workflow_template(parse_config({}))
-    (serve,) = [t for t in template["spec"]["templates"] if t["name"] == "serve"]
-    args = serve["container"]["args"]
-    parsed = rollout.parse_args(args)
-    assert parsed.manifest == argo.rollout_manifest(serve) and parsed.namespace == "{{workflow.namespace}}"
+    steps = {t["name"]: t for t in template["spec"]["templates"]}
+    serve = rollout.parse_args(steps["serve"]["container"]["args"])
+    assert serve.command == "deploy" and serve.manifest == argo.rollout_manifest(steps["serve"])
+    assert serve.namespace == "{{workflow.namespace}}" and serve.canary_percent == 10
+    decide = rollout.parse_args(steps["rollout"]["container"]["args"])
+    assert decide.command == "decide" and decide.model_name == "fmnist"
+    assert (decide.min_requests, decide.max_wait_seconds, decide.max_error_rate_increase,
+            decide.max_latency_ratio) == (100, 600, 0.01, 1.5)
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--namespace", "ns", "--manifest", "{not json"],
+    (["deploy", "--namespace", "ns", "--manifest", "{not json"],
      "argument --manifest: not an InferenceService manifest"),
-    (["--namespace", "ns", "--manifest", json.dumps({"metadata": {"name": "x"}, "spec": {}})],
+    (["deploy", "--namespace", "ns", "--manifest", json.dumps({"metadata": {"name": "x"}, "spec": {}})],
      "argument --manifest: not an InferenceService manifest with a storage URI (KeyError"),
-    (["--namespace", "ns", "--manifest", json.dumps(manifest()), "--timeout-seconds", "0"],
+    (["deploy", "--namespace", "ns", "--manifest", json.dumps(manifest()), "--timeout-seconds", "0"],
      "argument --timeout-seconds: must be a positive number"),
+    (["deploy", "--namespace", "ns", "--manifest", json.dumps(manifest()), "--canary-percent", "100"],
+     "argument --canary-percent: must be a whole percentage from 0 to 99"),
+    (["decide", "--namespace", "ns", "--model-name", "fmnist", "--max-latency-ratio", "0.5"],
+     "argument --max-latency-ratio: must be a number >= 1"),
+    (["promote", "--namespace", "ns"], "the following arguments are required: --model-name"),
 ])
 def test_bad_arguments_are_one_line(args, message):
     result = run_module("serving.rollout", *args)
     assert result.returncode == 2
-    assert result.stderr.startswith(f"serving.rollout: error: {message}"), result.stderr
+    assert result.stderr.startswith(f"serving.rollout {args[0]}: error: {message}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_the_rollout_module_needs_no_tensorflow():
-    """It runs in the serve step's pod; importing it must not pull in the training stack."""
+    """It runs in the serve and rollout steps' pods; importing it must not pull in the training stack."""
     probe = [sys.executable, "-c", "import sys, serving.rollout; print('tensorflow' in sys.modules)"]
     result = subprocess.run(probe, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
