@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from common.yaml_text import to_yaml
-from pipeline.config import PipelineConfig
+from pipeline.config import ConfigError, PipelineConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
     PipelineError,
@@ -70,6 +70,8 @@ DECISION_FILE = "/tmp/rollout-decision.json"  # the rollout step writes it; Argo
 ROLLOUT_MODULE = rollout.__name__
 ROLLOUT_TIMEOUT_SECONDS = 900  # one InferenceService's rollout
 ROLLOUT_MANIFEST_FLAG = rollout.MANIFEST_FLAG
+TF_SERVING_CANARY = ("must be 0 with serving.runtime tensorflow: TF Serving serves no /metrics to judge a "
+                     "canary on")
 
 
 def retry_strategy(step: Step) -> dict:
@@ -126,10 +128,11 @@ def rollout_container(config: PipelineConfig, target: ClusterTarget, args: list[
 
 
 def require_judgeable_canary(config: PipelineConfig) -> None:
-    """A canary is judged on our server's /metrics, which KServe's TF Serving does not serve."""
+    """A canary is judged on our server's /metrics; KServe's TF Serving (runtime tensorflow) serves none.
+    (The stack config refuses it before any resource; this covers `python -m pipeline render`.)"""
     if config.rollout.canary_percent and config.serving.runtime == "tensorflow":
-        raise PipelineError("pipeline.rollout.canaryPercent must be 0 with serving.runtime tensorflow: TF "
-                            "Serving serves no /metrics to judge a canary on")
+        raise ConfigError(f"pipeline.rollout.canaryPercent: {TF_SERVING_CANARY}; "
+                          f"got {config.rollout.canary_percent}")
 
 
 def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.argo import SUPPORTED_ARGO_VERSION
+from pipeline.argo import SUPPORTED_ARGO_VERSION, TF_SERVING_CANARY
 from pipeline.config import (
     SCHEMA_DIALECT,
     ConfigError,
@@ -323,8 +323,7 @@ class StackSettings(Section):
     def _judgeable_canary(self) -> StackSettings:
         """A canary is judged on our server's /metrics; KServe's TF Serving serves none."""
         if self.pipeline.rollout.canary_percent and self.serving.runtime == "tensorflow":
-            raise fail("must be 0 with serving.runtime tensorflow: TF Serving serves no /metrics to judge "
-                       f"a canary on; got {self.pipeline.rollout.canary_percent}",
+            raise fail(f"{TF_SERVING_CANARY}; got {self.pipeline.rollout.canary_percent}",
                        "pipeline.rollout.canaryPercent")
         return self
 

@@ -9,8 +9,8 @@ from conftest import run_module
 from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, embedded
 
 from pipeline import argo
-from pipeline.config import parse_config
-from pipeline.definition import PipelineError, ingest_memo_key
+from pipeline.config import ConfigError, parse_config
+from pipeline.definition import ingest_memo_key
 from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
 
 ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.py)
@@ -188,7 +188,9 @@ def test_the_rollout_step_judges_the_version_serve_deployed_within_bounded_waits
     assert 900 + float(flag["--timeout-seconds"]) < step["activeDeadlineSeconds"]
 
 
-def test_a_canary_with_tf_serving_is_a_render_error_naming_the_key():
-    with pytest.raises(PipelineError, match="^pipeline.rollout.canaryPercent must be 0 with serving.runtime "
-                                            "tensorflow"):
-        argo.workflow_template(parse_config({"serving": {"runtime": "tensorflow"}}))
+def test_a_canary_with_tf_serving_is_a_config_error_naming_the_key():
+    """TF Serving serves no /metrics to judge a canary on: refused before anything is rendered."""
+    with pytest.raises(ConfigError) as error:
+        argo.render_objects(parse_config({"serving": {"runtime": "tensorflow"}}))
+    assert str(error.value) == ("pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: "
+                                "TF Serving serves no /metrics to judge a canary on; got 10")
