@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
 # make demo: the pipeline end to end on local processes (python -m pipeline run): ingest -> train
-# each variant on WORKERS worker processes -> select and publish -> serve one example prediction.
+# each variant on WORKERS worker processes -> select and publish -> serve one example prediction ->
+# the canary's decision when a version was published over another.
 DEMO_DIR ?= runs/demo
 SAMPLE_DIR ?= datasets/fashion-mnist-sample
 WORKERS ?= 2
@@ -14,11 +15,13 @@ VARIANTS ?= $(shell $(PYTHON) -c 'from trainer.variants import VARIANTS; print(*
 BATCH_SIZE_PER_REPLICA ?= 16
 # Unset: every variant at once (on 2 cores 3 min 0 s, against 3 min 21 s one at a time; see README).
 PARALLELISM ?=
+# ROLLOUT=promote|rollback decides the canary whatever its evidence (`make demo ROLLOUT=rollback`).
+ROLLOUT ?=
 # DATA_SOURCE overrides both the official mirror and the fallback to the sample.
 DATA_FLAGS = $(if $(DATA_SOURCE),--data-source $(DATA_SOURCE),--fallback-source $(SAMPLE_DIR))
 PIPELINE_RUN = $(PY) -m pipeline run --storage-root $(DEMO_DIR) --workers $(WORKERS) \
 	--variants $(VARIANTS) --batch-size-per-replica $(BATCH_SIZE_PER_REPLICA) \
-	$(if $(PARALLELISM),--parallelism $(PARALLELISM)) $(DATA_FLAGS)
+	$(if $(PARALLELISM),--parallelism $(PARALLELISM)) $(if $(ROLLOUT),--rollout $(ROLLOUT)) $(DATA_FLAGS)
 
 .PHONY: demo serve test bench bench-train bench-serve lock clean
 

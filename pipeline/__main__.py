@@ -2,11 +2,17 @@
 
     python -m pipeline run [--config FILE] [--data-source SRC] [--fallback-source SRC]
         [--variants V...] [--workers N] [--epochs N] [--steps-per-epoch N]
-        [--batch-size-per-replica B] [--storage-root DIR] [--parallelism P] [--serve]
+        [--batch-size-per-replica B] [--storage-root DIR] [--parallelism P] [--min-improvement M]
+        [--rollout promote|rollback] [--serve]
+    python -m pipeline promote [--config FILE] [--storage-root DIR]
+    python -m pipeline rollback [--config FILE] [--storage-root DIR] [--to-version N]
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
 
 `run` is the local engine (processes on this machine); `render` writes the Argo WorkflowTemplate and
 Workflow that run the same steps on Kubernetes. Flags override the config file's `pipeline` keys.
+`run --rollout` decides the canary regardless of its evidence (for tests and demos). `promote` and
+`rollback` settle the local canary by hand, as the rollout step would; without a canary, `rollback`
+serves the committed version before the served one (or --to-version), deleting nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from pathlib import Path
 from typing import Sequence
 
 from common import cli
-from pipeline import argo
+from pipeline import argo, local_rollout
 from pipeline.config import ConfigError, load_config
 from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
+from pipeline.local_rollout import Forced, RolloutError
 from pipeline.manifests import DEFAULT_ARGO_VERSION, ClusterTarget
 from serving.client import ServerError
 from serving.process import ServerFailed
+from trainer.model_repository import RolloutError as RolloutStateError
 
 # Flag -> config key: the flags are spelled like the trainer's, the keys like the stack config's.
 OVERRIDES = {
@@ -31,6 +39,8 @@ OVERRIDES = {
     "batch_size_per_replica": "batchSizePerReplica", "storage_root": "storageRoot",
     "parallelism": "parallelism", "retries": "retries",
 }
+# Flag -> key of the `pipeline.promotion` section.
+PROMOTION_OVERRIDES = {"min_improvement": "minImprovement"}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -46,7 +56,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                  "--parallelism", "--retries"):
         run.add_argument(flag, type=int)
     run.add_argument("--storage-root", help="where data, checkpoints, exports, models and logs go")
+    run.add_argument("--min-improvement", type=float,
+                     help="publish only if the winner's validation accuracy beats the served version's "
+                          "by this (0-1; pipeline.promotion.minImprovement)")
+    run.add_argument("--rollout", choices=[forced.value for forced in Forced],
+                     help="decide the canary this way whatever its evidence (tests, demos)")
     run.add_argument("--serve", action="store_true", help="keep serving in the foreground until Ctrl-C")
+    for name, verb in (("promote", "give the canary all traffic"),
+                       ("rollback", "drop the canary, or serve an earlier version")):
+        settle = commands.add_parser(name, help=f"{verb} (local engine)")
+        settle.add_argument("--config", type=Path)
+        settle.add_argument("--storage-root", help="the local engine's directory (pipeline.storageRoot)")
+    settle.add_argument("--to-version", type=cli.positive_int,
+                        help="without a canary: the version to serve (default: the one before)")
     render = commands.add_parser("render", help="write the Argo WorkflowTemplate and Workflow")
     render.add_argument("--config", type=Path)
     render.add_argument("--out", type=Path, required=True)
@@ -62,23 +84,36 @@ def argo_version(text: str) -> str:
 
 
 def overrides(args: argparse.Namespace) -> dict:
-    return {key: getattr(args, flag) for flag, key in OVERRIDES.items()
-            if getattr(args, flag, None) is not None}
+    found = {key: getattr(args, flag) for flag, key in OVERRIDES.items()
+             if getattr(args, flag, None) is not None}
+    promotion = {key: getattr(args, flag) for flag, key in PROMOTION_OVERRIDES.items()
+                 if getattr(args, flag, None) is not None}
+    if promotion:
+        found["promotion"] = promotion
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        config = load_config(args.config, overrides(args) if args.command == "run" else None)
+        config = load_config(args.config, overrides(args) if args.command != "render" else None)
     except ConfigError as error:
         raise cli.UsageError(f"config: {error}") from None
     if args.command == "render":
         for path in argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version)):
             print(f"render: wrote {path}")
         return
+    if args.command in ("promote", "rollback"):
+        try:
+            print(local_rollout.by_hand(local_rollout.model_base(config), args.command == "promote",
+                                        getattr(args, "to_version", None)))
+        except (RolloutError, RolloutStateError) as error:
+            raise cli.UsageError(f"{args.command}: {error}") from None
+        return
     install_stop_handlers()
     try:
-        run_pipeline(config, serve_forever=args.serve)
+        run_pipeline(config, serve_forever=args.serve,
+                     forced_rollout=Forced(args.rollout) if args.rollout else None)
     except KeyboardInterrupt:
         print("pipeline: interrupted; every child process is stopped", file=sys.stderr)
         sys.exit(130)
