@@ -72,6 +72,9 @@ DEFAULT_MAX_WAIT_SECONDS = 600.0
 DEFAULT_MAX_ERROR_RATE_INCREASE = 0.01
 DEFAULT_MAX_LATENCY_RATIO = 1.5
 POLL_SECONDS = 5.0
+# What the API server's pod proxy answers for a pod that is going away or not answering (gone,
+# bad gateway, unavailable, gateway timeout): skipped for that look, not a failed rollout.
+UNREADABLE_POD_STATUSES = (404, 502, 503, 504)
 EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
 MANIFEST_FLAG = "--manifest"  # the stable InferenceService of a version, as JSON (the serve step's)
 # A container waiting for one of these will not start by itself: the rollout has failed.
@@ -97,7 +100,7 @@ class Cluster(Protocol):
     def replace_http_route(self, namespace: str, name: str, manifest: dict) -> None: ...
     def get_deployment(self, namespace: str, name: str) -> dict | None: ...
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]: ...
-    def pod_metrics(self, namespace: str, pod: str, port: int) -> str: ...
+    def pod_metrics(self, namespace: str, pod: str, port: int) -> str | None: ...  # None: unreadable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +287,8 @@ def deploy(cluster: Cluster, namespace: str, manifest: dict, canary_percent: int
     labels = manifest["metadata"].get("labels", {})
     stable = cluster.get_inference_service(namespace, model_name)
     if stable is not None and model_version(stable) == version:
+        if cluster.get_http_route(namespace, route_name(model_name)) is None:  # served before routes were
+            route_to(cluster, namespace, model_name, 0, labels)
         return f"version {version} is already the stable version: nothing to roll out"
     if stable is None or canary_percent == 0:
         reached = roll_out(cluster, namespace, manifest, timeout_seconds, timing, say)
@@ -341,15 +346,15 @@ def _ready(pod: dict) -> bool:
 
 
 def scrape(cluster: Cluster, namespace: str, isvc: dict) -> dict[str, canary.Evidence]:
-    """Pod name -> what that predictor pod has served, over its life (its counters restart with it)."""
+    """Pod name -> what that predictor pod has served, over its life (its counters restart with it).
+    A pod that is not ready, or whose /metrics cannot be read this time (it is going away), is left
+    out of this look; what it served before stays in the earlier looks' totals only."""
     name, port, version = isvc["metadata"]["name"], metrics_port(isvc), model_version(isvc)
     found = {}
     for pod in cluster.list_pods(namespace, f"{ISVC_LABEL}={name}"):
-        if not _ready(pod):
-            continue
-        by_version = canary.evidence_by_version(
-            cluster.pod_metrics(namespace, pod["metadata"]["name"], port))
-        found[pod["metadata"]["name"]] = by_version.get(version, canary.Evidence())
+        text = cluster.pod_metrics(namespace, pod["metadata"]["name"], port) if _ready(pod) else None
+        if text is not None:
+            found[pod["metadata"]["name"]] = canary.evidence_by_version(text).get(version, canary.Evidence())
     return found
 
 
@@ -468,8 +473,14 @@ class KubernetesCluster:
         pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
         return self._api.sanitize_for_serialization(pods)["items"]
 
-    def pod_metrics(self, namespace: str, pod: str, port: int) -> str:
-        return self._core.connect_get_namespaced_pod_proxy_with_path(f"{pod}:{port}", namespace, "metrics")
+    def pod_metrics(self, namespace: str, pod: str, port: int) -> str | None:
+        try:
+            return self._core.connect_get_namespaced_pod_proxy_with_path(
+                f"{pod}:{port}", namespace, "metrics")
+        except self._not_found as error:
+            if error.status in UNREADABLE_POD_STATUSES:
+                return None
+            raise
 
 
 # --- Command line -----------------------------------------------------------------------------------

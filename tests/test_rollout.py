@@ -255,6 +255,7 @@ class FakeKServe:
         self.log: list[str] = []  # the writes, in order
         # pod name -> (InferenceService, [(requests, errors, latency sum) at each successive scrape])
         self.traffic: dict[str, tuple[str, list[tuple[int, int, float]]]] = {}
+        self.unreadable: set[str] = set()  # pods whose /metrics the pod proxy cannot reach
 
     def get_inference_service(self, namespace, name):
         return self.isvcs.get(name)
@@ -304,6 +305,8 @@ class FakeKServe:
 
     def pod_metrics(self, namespace, pod_name, port):
         assert port == 8080
+        if pod_name in self.unreadable:
+            return None
         owner, series = self.traffic[pod_name]
         requests, errors, latency = series[0] if len(series) == 1 else series.pop(0)
         return metrics_text(rollout.model_version(self.isvcs[owner]), requests, errors, latency)
@@ -355,9 +358,24 @@ def test_with_canary_percent_0_a_later_version_replaces_the_stable_one_at_once()
 def test_a_version_that_is_already_stable_changes_nothing():
     """The promotion gate kept the served version: select outputs it again."""
     cluster = FakeKServe({"fmnist": manifest("3")})
+    cluster.routes["fmnist-split"] = {"metadata": {"resourceVersion": "7"}}
     said = run(cluster, *deploy_args("3"))
     assert cluster.log == []
     assert said[-1] == "rollout: version 3 is already the stable version: nothing to roll out"
+
+
+def test_a_stable_version_served_before_there_were_routes_gets_its_route():
+    cluster = FakeKServe({"fmnist": manifest("3")})
+    run(cluster, *deploy_args("3"))
+    assert cluster.log == ["create route fmnist-predictor=100"]
+
+
+def test_a_pod_whose_metrics_cannot_be_read_is_left_out_of_that_look():
+    cluster = canary_under_way([(100, 0, 1.0)], [(50, 0, 1.0)])
+    cluster.traffic["fmnist-canary-predictor-b"] = ("fmnist-canary", [(70, 0, 1.0)])
+    cluster.unreadable.add("fmnist-canary-predictor-b")
+    assert rollout.scrape(cluster, NAMESPACE, cluster.isvcs["fmnist-canary"]) == {
+        "fmnist-canary-predictor-a": Evidence(50, 0, 1.0)}
 
 
 def test_a_canary_that_serves_no_metrics_is_refused_before_anything_changes():
