@@ -519,3 +519,19 @@ def test_the_rollout_module_needs_no_tensorflow():
     probe = [sys.executable, "-c", "import sys, serving.rollout; print('tensorflow' in sys.modules)"]
     result = subprocess.run(probe, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.parametrize(("status", "raises"), [(503, False), (404, False), (403, True)])
+def test_the_pod_proxy_skips_a_pod_going_away_but_not_a_refusal(status, raises):
+    from kubernetes import client
+
+    core = mock.Mock(**{"connect_get_namespaced_pod_proxy_with_path.side_effect":
+                        client.ApiException(status=status)})
+    with mock.patch("kubernetes.config.load_incluster_config"), \
+            mock.patch("kubernetes.client.CoreV1Api", lambda *a: core):
+        cluster = rollout.KubernetesCluster()
+        if raises:  # a missing right is the operator's to fix: the step fails and says so
+            with pytest.raises(client.ApiException):
+                cluster.pod_metrics(NAMESPACE, "fmnist-predictor-a", 8080)
+        else:
+            assert cluster.pod_metrics(NAMESPACE, "fmnist-predictor-a", 8080) is None
