@@ -29,6 +29,7 @@ from timing_asgi import TimingMiddleware
 
 from common import cli
 from serving.batching import QueueFull
+from serving.dataplane import with_strict_dataplane
 from serving.metrics import ERRORS, LATENCY, REQUESTS, error_kind
 from serving.model import DEFAULT_MAX_QUEUED_IMAGES, FashionMnistModel
 from serving.request_log import RequestLogger, cloudevents_sink, file_sink
@@ -191,8 +192,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_error_handlers(app)
     without_kserve_timing(app)
     # KServe's per-request latency log lines are off: dist_ml_request_seconds measures the same.
-    ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
-                enable_grpc=args.grpc_port != 0, workers=1, enable_latency_logging=False).start([model])
+    with_strict_dataplane(ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
+                                      enable_grpc=args.grpc_port != 0, workers=1,
+                                      enable_latency_logging=False)).start([model])
 
 
 if __name__ == "__main__":
