@@ -226,29 +226,50 @@ GRPC_CONTENTS = {
 
 
 @st.composite
-def grpc_tensors(draw) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes | None]:
-    """A tensor and its raw contents (None: typed contents, or none at all)."""
-    count = draw(st.integers(1, 3))
-    datatype = draw(st.sampled_from(DATATYPES))
-    shape = draw(st.one_of(st.just([count] if datatype == "BYTES" else [count, 28, 28, 1]),
-                           st.lists(st.integers(-3, 2**62), max_size=5)))
-    tensor = pb.ModelInferRequest.InferInputTensor(name=draw(st.sampled_from(["image_bytes", "pixels", ""])),
-                                                   datatype=datatype, shape=shape)
+def valid_grpc_tensors(draw) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes | None]:
+    """A tensor ModelInfer accepts, and its raw contents (None: in typed contents)."""
+    count, raw = draw(st.integers(1, 3)), draw(st.booleans())
     if draw(st.booleans()):
-        tensor.parameters["binary_data_size"].int64_param = draw(st.integers(-2**63, 2**63 - 1))
-    form = draw(st.sampled_from(("raw", "raw", "typed", "typed", "none")))
-    if form == "typed":
-        field = draw(st.sampled_from(sorted(GRPC_CONTENTS)))
-        getattr(tensor.contents, field).extend(draw(GRPC_CONTENTS[field]))
+        images = [draw(valid_images()) for _ in range(count)]
+        tensor = pb.ModelInferRequest.InferInputTensor(name="image_bytes", datatype="BYTES", shape=[count])
+        if raw:
+            return tensor, bytes_tensor(images)
+        tensor.contents.bytes_contents.extend(images)
         return tensor, None
-    if form == "none":
-        return tensor, None
-    images = st.lists(st.one_of(valid_images(), encoded_images()), min_size=1, max_size=3)
-    raw = draw(st.one_of(
-        st.builds(bytes_tensor, images),
-        st.integers(0, 255).map(lambda value: np.full(784 * count, value, np.float32).tobytes()),
-        st.integers(0, 255).map(lambda value: np.full(784 * count, value, np.uint8).tobytes()),
-        st.binary(max_size=64)))
+    datatype = draw(st.sampled_from(["UINT8", "FP32"]))
+    pixels = np.full(784 * count, draw(st.integers(0, 255)))
+    tensor = pb.ModelInferRequest.InferInputTensor(name="pixels", datatype=datatype, shape=[count, 28, 28, 1])
+    if raw:
+        return tensor, pixels.astype(np.uint8 if datatype == "UINT8" else np.float32).tobytes()
+    (tensor.contents.uint_contents if datatype == "UINT8" else tensor.contents.fp32_contents).extend(pixels)
+    return tensor, None
+
+
+@st.composite
+def grpc_tensors(draw) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes | None]:
+    """A valid tensor, then up to two things about it broken."""
+    tensor, raw = draw(valid_grpc_tensors())
+    for mutation in draw(st.lists(st.sampled_from(("datatype", "shape", "parameter", "typed", "raw", "none")),
+                                  max_size=2)):
+        if mutation == "datatype":
+            tensor.datatype = draw(st.sampled_from(DATATYPES))
+        elif mutation == "shape":
+            del tensor.shape[:]
+            tensor.shape.extend(draw(st.lists(st.integers(-3, 2**62), max_size=5)))
+        elif mutation == "parameter":
+            tensor.parameters["binary_data_size"].int64_param = draw(st.integers(-2**63, 2**63 - 1))
+        elif mutation == "typed":
+            tensor.ClearField("contents")
+            field = draw(st.sampled_from(sorted(GRPC_CONTENTS)))
+            getattr(tensor.contents, field).extend(draw(GRPC_CONTENTS[field]))
+            raw = None
+        elif mutation == "raw":
+            tensor.ClearField("contents")
+            odd_images = st.lists(encoded_images(), min_size=1, max_size=3)
+            raw = draw(st.one_of(st.binary(max_size=64), st.builds(bytes_tensor, odd_images)))
+        elif mutation == "none":
+            tensor.ClearField("contents")
+            raw = None
     return tensor, raw
 
 

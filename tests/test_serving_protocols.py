@@ -21,6 +21,7 @@ import requests
 from conftest import REPO_ROOT, run_module
 from kserve.protocol.infer_type import InferInput, InferRequest
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 from stack_checks import embedded
 
 from common.ports import free_ports
@@ -554,3 +555,24 @@ def test_the_client_speaks_grpc_without_importing_kserve():
         f"127.0.0.1:{free_ports(1)[0]}",
     )
     assert result.returncode == 1 and "UNAVAILABLE from 127.0.0.1:" in result.stderr, result.stderr
+
+
+def grpc_request_counts(url: str) -> dict[str, float]:
+    metrics = requests.get(f"{url}/metrics", timeout=10).text
+    return {
+        sample.labels["status"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "dist_ml_requests_total" and sample.labels.get("protocol") == "grpc"
+    }
+
+
+def test_grpc_requests_are_counted_by_outcome_with_the_http_ones(server):
+    url, address, _ = server
+    before = grpc_request_counts(url)
+    infer_grpc(address, client.grpc_request(IMAGES[:1], MODEL))
+    with pytest.raises(grpc.RpcError):
+        infer_grpc(address, client.grpc_request([b"not an image"], MODEL))
+    after = grpc_request_counts(url)
+    assert after.get("200", 0) - before.get("200", 0) == 1
+    assert after.get("400", 0) - before.get("400", 0) == 1
