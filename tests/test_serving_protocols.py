@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import requests
 from conftest import REPO_ROOT, run_module
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as kserve_pb
+from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
 from kserve.protocol.infer_type import InferInput, InferRequest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
@@ -576,3 +578,49 @@ def test_grpc_requests_are_counted_by_outcome_with_the_http_ones(server):
     after = grpc_request_counts(url)
     assert after.get("200", 0) - before.get("200", 0) == 1
     assert after.get("400", 0) - before.get("400", 0) == 1
+
+
+def test_grpc_metadata_and_readiness_describe_the_served_version(server):
+    _, address, _ = server
+    with grpc.insecure_channel(address) as channel:
+        stub = GRPCInferenceServiceStub(channel)
+        assert stub.ServerReady(kserve_pb.ServerReadyRequest()).ready
+        assert stub.ModelReady(kserve_pb.ModelReadyRequest(name=MODEL)).ready
+        metadata = stub.ModelMetadata(kserve_pb.ModelMetadataRequest(name=MODEL))
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [
+        ("image_bytes", "BYTES", [-1]),
+        ("pixels", "FP32", [-1, 28, 28, 1]),
+    ]
+    assert [t.name for t in metadata.outputs] == ["probabilities", "class_id", "class_name"]
+
+
+@pytest.fixture(scope="module")
+def slow_grpc_server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Batches wait 1.5 s to fill, and one image at a time is admitted."""
+    work = tmp_path_factory.mktemp("slow-grpc")
+    with grpc_model_server(
+        published_repo,
+        work,
+        "--max-batch-wait-ms",
+        "1500",
+        "--max-batch-size",
+        "64",
+        "--max-queued-images",
+        "1",
+    ) as (url, address, _):
+        yield url, address
+
+
+def test_a_full_queue_is_resource_exhausted_over_grpc_and_counted_as_a_503(slow_grpc_server):
+    url, address = slow_grpc_server
+    request = client.grpc_request(IMAGES[:1], MODEL)
+    with grpc.insecure_channel(address) as channel:
+        infer = model_infer(channel)
+        first = infer.future(request, timeout=30)
+        time.sleep(0.5)  # the first image now waits in the batcher for its batch to fill
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(request, timeout=30)
+        assert first.result().outputs  # the admitted one is answered
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+    assert "retry" in refused.value.details()
+    assert grpc_request_counts(url).get("503") == 1
