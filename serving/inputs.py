@@ -243,12 +243,13 @@ def parse_v2(request: InferRequest) -> Batch:
 # --- the binary tensor data extension and gRPC -----------------------------------------------------
 
 DECIMAL = re.compile(r"[0-9]{1,12}")  # a header length of up to a terabyte: any body is shorter
+JSON_KINDS = {dict: "object", list: "array", str: "string"}
 
 
 def optional_of(kind: type, value: object, what: str) -> object:
     """`value` when it is None or a `kind`, else a 400 naming `what`."""
     if value is not None and not isinstance(value, kind):
-        raise InvalidInput(f"{what} must be a JSON {'object' if kind is dict else kind.__name__}")
+        raise InvalidInput(f"{what} must be a JSON {JSON_KINDS[kind]}")
     return value
 
 
