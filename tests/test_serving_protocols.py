@@ -569,6 +569,19 @@ def grpc_request_counts(url: str) -> dict[str, float]:
     }
 
 
+def grpc_answering_versions(url: str) -> set[str]:
+    metrics = requests.get(f"{url}/metrics", timeout=10).text
+    return {sample.labels["version"] for family in text_string_to_metric_families(metrics)
+            for sample in family.samples if sample.name == "dist_ml_requests_total"
+            and sample.labels.get("protocol") == "grpc" and sample.labels["status"] == "200"}
+
+
+def served_version(url: str) -> str:
+    instance = {"image_bytes": {"b64": base64.b64encode(IMAGES[0]).decode()}}
+    response = requests.post(f"{url}/v1/models/{MODEL}:predict", json={"instances": [instance]}, timeout=10)
+    return response.headers["x-model-version"]
+
+
 def test_grpc_requests_are_counted_by_outcome_with_the_http_ones(server):
     url, address, _ = server
     before = grpc_request_counts(url)
@@ -578,6 +591,8 @@ def test_grpc_requests_are_counted_by_outcome_with_the_http_ones(server):
     after = grpc_request_counts(url)
     assert after.get("200", 0) - before.get("200", 0) == 1
     assert after.get("400", 0) - before.get("400", 0) == 1
+    # Labelled, as HTTP requests are, by the version that answered (the canary decision reads it).
+    assert grpc_answering_versions(url) == {served_version(url)}
 
 
 def test_grpc_metadata_and_readiness_describe_the_served_version(server):
