@@ -16,6 +16,7 @@ Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import email.message
 import json
 import re
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import pydantic
+import uvloop
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, ORJSONResponse
@@ -337,6 +339,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     app.add_middleware(LimitAndMeasure, max_body_bytes=args.max_body_bytes)  # outside InferenceRoute
     add_error_handlers(app)
     without_kserve_timing(app)
+    # KServe's --event_loop "auto" means uvloop, but with one worker ModelServer.start runs
+    # asyncio.run on the default policy's loop (kserve 0.20.0 model_server.py): uvloop is installed
+    # here, and a current loop set for ModelServer.setup_event_loop's get_event_loop (which uvloop's
+    # policy, unlike asyncio's, does not create).
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.set_event_loop(asyncio.new_event_loop())
     server.start([model])
 
 
