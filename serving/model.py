@@ -190,6 +190,8 @@ class FashionMnistModel(Model):
         prediction = await self.batcher.submit(batch)
         if response_headers is not None:
             response_headers[VERSION_HEADER] = str(prediction.version)
+        if self.request_logger is None and not is_v2:  # no one reads its id: no uuid4 (a syscall)
+            return v1_response(prediction)
         request_id = ((payload.id if is_v2 else None) or (headers or {}).get("x-request-id")
                       or str(uuid.uuid4()))
         if self.request_logger is not None:
