@@ -235,7 +235,7 @@ def test_an_invalid_v2_body_holding_nan_or_infinity_is_a_422(server, body):
     # not answered by the lean route: KServe's own routes and answers
     ("POST", f"/v2/models/{MODEL}/versions/1/infer", b'{"inputs": []}',
      {"content-type": "application/json"}, 501, "not supported"),
-    ("GET", f"/v1/models/{MODEL}:predict", b"", {}, 405, None),
+    ("GET", f"/v1/models/{MODEL}:predict", b"", {}, 404, f"{MODEL}:predict does not exist"),
 ])
 def test_the_inference_routes_answer_as_kserves_own(server, method, path, body, headers, status, error):
     url, _ = server
