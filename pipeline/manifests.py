@@ -32,6 +32,13 @@ SERVING_HTTP_PORT = 8080  # KServe routes to this port of the predictor
 # The HTTP port's name in the InferenceService: KServe names the predictor's Service port after it
 # (Standard mode), and Prometheus scrapes /metrics there.
 PREDICTOR_PORT_NAME = "http1"
+# gRPC v2 (ModelInfer) on a second container port. In Standard mode KServe v0.20 exposes every
+# container port after the first on the predictor's Service at its own number, with appProtocol
+# kubernetes.io/h2c when its name contains "grpc" or "h2c" (service_reconciler.go, createDefaultSvc
+# and isGrpcPort); only the first port goes through the agent, and so its logger
+# (agent_injector.go: componentPort = Ports[0]).
+SERVING_GRPC_PORT = 8081
+GRPC_PORT_NAME = "h2c"
 PART_OF = {"app.kubernetes.io/part-of": "dist-ml"}
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 STANDARD_MODE = "Standard"  # Deployments and HPAs; the stacks install no Knative
@@ -162,6 +169,15 @@ def release_uri(storage: ClusterStorage, model_name: str, version: str) -> str:
     return posixpath.join(Layout(storage.uri).releases, model_name, version)
 
 
+def grpc_flags(target: ClusterTarget) -> list[str]:
+    """The server's gRPC port, and with a logger the server's own log of gRPC requests to the same
+    URL: KServe's logger sees only HTTP, so each request is logged once whatever its protocol."""
+    flags = ["--grpc-port", str(SERVING_GRPC_PORT)]
+    if target.logger_url:
+        flags += ["--log-url", target.logger_url, "--log-grpc-only"]
+    return flags
+
+
 def inference_service(config: PipelineConfig, target: ClusterTarget, version: str) -> dict:
     """The InferenceService serving one published `version` (a number, or Argo's placeholder for it),
     with KServe's TF Serving or our server. A new version changes the predictor's pods, so every
@@ -188,10 +204,11 @@ def inference_service(config: PipelineConfig, target: ClusterTarget, version: st
             "image": target.images.serving,
             "imagePullPolicy": "IfNotPresent",
             "args": ["--model-base-path", KSERVE_MODEL_DIR, *serving_flags(config),
-                     "--http-port", str(SERVING_HTTP_PORT)],
+                     "--http-port", str(SERVING_HTTP_PORT), *grpc_flags(target)],
             # A custom container gets its model through the storage initializer, as built-in ones do.
             "env": [{"name": "STORAGE_URI", "value": storage_uri}],
-            "ports": [{"name": PREDICTOR_PORT_NAME, "containerPort": SERVING_HTTP_PORT, "protocol": "TCP"}],
+            "ports": [{"name": PREDICTOR_PORT_NAME, "containerPort": SERVING_HTTP_PORT, "protocol": "TCP"},
+                      {"name": GRPC_PORT_NAME, "containerPort": SERVING_GRPC_PORT, "protocol": "TCP"}],
             "resources": resources,
         }]
     return {

@@ -10,10 +10,13 @@ import binascii
 import dataclasses
 import io
 import math
+import re
 
 import numpy as np
+import orjson
+from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
 from kserve.errors import InvalidInput
-from kserve.protocol.infer_type import InferRequest
+from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from PIL import Image, UnidentifiedImageError
 
 from trainer.fashion_mnist import IMAGE_SIZE, MAX_PIXEL_VALUE
@@ -254,3 +257,90 @@ def parse_v2(request: InferRequest) -> Batch:
     check_count(shape[0])
     pixels = tensor_array(tensor, shape)
     return Batch(pixels=np.stack([check_pixels(x, f"element {i}") for i, x in enumerate(pixels)]))
+
+
+# --- the binary tensor data extension and gRPC -----------------------------------------------------
+
+DECIMAL = re.compile(r"[0-9]{1,12}")  # a header length of up to a terabyte: any body is shorter
+
+
+def optional_of(kind: type, value: object, what: str) -> object:
+    """`value` when it is None or a `kind`, else a 400 naming `what`."""
+    if value is not None and not isinstance(value, kind):
+        raise InvalidInput(f"{what} must be a JSON {'object' if kind is dict else kind.__name__}")
+    return value
+
+
+def binary_data_size(parameters: dict, name: object) -> int:
+    size = parameters["binary_data_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
+    return size
+
+
+def binary_input(tensor: object, body: bytes, start: int) -> tuple[InferInput, int]:
+    """One input of a binary request's JSON header, its data read from `body` at `start` when it
+    declares `parameters.binary_data_size`; (the input, where the next input's data starts)."""
+    if not isinstance(tensor, dict):
+        raise InvalidInput("each input must be a JSON object")
+    name, datatype, shape = tensor.get("name"), tensor.get("datatype"), tensor.get("shape")
+    if not isinstance(name, str) or not isinstance(datatype, str) or not isinstance(shape, list):
+        raise InvalidInput(f"input {name!r}: needs a string name and datatype and a list shape")
+    parameters = optional_of(dict, tensor.get("parameters"), f"input {name!r}: parameters")
+    infer_input = InferInput(name, shape, datatype, tensor.get("data"), parameters)
+    if "data" in tensor:
+        return infer_input, start
+    if not parameters or "binary_data_size" not in parameters:
+        raise InvalidInput(f"input {name!r}: has neither data nor parameters.binary_data_size")
+    end = start + binary_data_size(parameters, name)
+    if end > len(body):
+        raise InvalidInput(f"input {name!r}: binary_data_size runs {end - len(body)} bytes past the body")
+    # Where KServe's own InferRequest.from_bytes puts an input's binary data.
+    infer_input._raw_data = body[start:end]
+    return infer_input, end
+
+
+def requested_output(output: object) -> RequestedOutput:
+    if not isinstance(output, dict) or not isinstance(output.get("name"), str):
+        raise InvalidInput("each requested output must be a JSON object with a string name")
+    return RequestedOutput(output["name"], optional_of(dict, output.get("parameters"),
+                                                       f"output {output['name']!r}: parameters"))
+
+
+def binary_infer_request(body: bytes, json_length: str | None, model_name: str) -> InferRequest:
+    """A v2 request in the binary tensor data extension: a JSON header of `json_length` bytes (the
+    Inference-Header-Content-Length header), then each binary input's `binary_data_size` bytes in
+    input order; BYTES elements are 4-byte little-endian lengths, each followed by its bytes.
+
+    KServe 0.20's InferRequest.from_bytes reads the same format, but decodes BYTES elements as UTF-8
+    text (encoded images are not: a 500) and answers a malformed header or size with a 500; here
+    every problem is a 400, and the data is left as bytes for parse_v2 to size and check."""
+    if json_length is None:
+        raise InvalidInput(f"a body that is not JSON needs the {INFERENCE_CONTENT_LENGTH_HEADER} header "
+                           "(the binary tensor data extension)")
+    if not DECIMAL.fullmatch(json_length) or int(json_length) > len(body):
+        raise InvalidInput(f"{INFERENCE_CONTENT_LENGTH_HEADER} must be the JSON header's length in bytes, "
+                           f"at most the body's {len(body)}; got {json_length[:20]!r}")
+    try:
+        header = orjson.loads(body[:int(json_length)])
+    except orjson.JSONDecodeError as error:
+        raise InvalidInput(f"the request's JSON header is not valid JSON ({error})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
+        raise InvalidInput('the JSON header must be an object with a list of "inputs"')
+    inputs, start = [], int(json_length)
+    for tensor in header["inputs"]:
+        infer_input, start = binary_input(tensor, body, start)
+        inputs.append(infer_input)
+    if start != len(body):
+        raise InvalidInput(f"{len(body) - start} bytes after the inputs' binary data belong to no input")
+    outputs = optional_of(list, header.get("outputs"), '"outputs"')
+    return InferRequest(model_name, inputs, request_id=optional_of(str, header.get("id"), '"id"'),
+                        parameters=optional_of(dict, header.get("parameters"), '"parameters"'),
+                        request_outputs=[requested_output(o) for o in outputs] if outputs else None)
+
+
+def request_protocol(payload: object) -> str:
+    """How a request reached the model: "v1", "v2" (JSON or binary over HTTP) or "grpc"."""
+    if not isinstance(payload, InferRequest):
+        return "v1"
+    return "grpc" if payload.from_grpc else "v2"

@@ -1,40 +1,50 @@
 """A bounded load test of the model server, like `hey` (which the original designs use).
 
     python -m serving.loadtest --url URL --concurrency C (--duration S | --requests N)
-        [--images DIR] [--images-per-request K] [--protocol v1|v2] [--model-name fmnist]
-        [--plot FILE.png] [--max-error-rate R]
+        [--images DIR] [--images-per-request K] [--protocol v1|v2|v2-binary|grpc]
+        [--grpc-address HOST:PORT] [--model-name fmnist] [--plot FILE.png] [--max-error-rate R]
 
 C concurrent workers send K images per request (default 1), round robin over DIR's PNG and JPEG
-files (default: a few generated images), to the given URL only, until S seconds or N requests.
-Prints requests per second, latency p50/p90/p99/max, counts by status and a latency histogram;
-exits non-zero when the error rate exceeds --max-error-rate.
+files (default: a few generated images), to the given URL (or, with grpc, --grpc-address) only,
+until S seconds or N requests. Prints requests per second, latency p50/p90/p99/max, counts by
+status (gRPC's OK counts as 200, other gRPC codes by name) and a latency histogram; exits non-zero
+when the error rate exceeds --max-error-rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import io
 import itertools
-import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 import aiohttp
+import grpc
 import numpy as np
 from PIL import Image
 
 from common import cli
-from serving.client import DEFAULT_URL, inference_request
+from serving.client import (
+    DEFAULT_GRPC_ADDRESS,
+    DEFAULT_URL,
+    PROTOCOLS,
+    grpc_address,
+    grpc_request,
+    http_request,
+)
+from serving.grpc_messages import model_infer
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 HISTOGRAM_BINS = 10
 HISTOGRAM_WIDTH = 40
 REQUEST_TIMEOUT_SECONDS = 30
-JSON_HEADERS = {"content-type": "application/json"}
+GRPC_OK = 200  # a gRPC call that succeeded counts as an HTTP 200 in the report
 
 
 class TooManyErrors(RuntimeError):
@@ -129,12 +139,18 @@ def read_images(directory: Path) -> list[bytes]:
 def run_load(url: str, images: Sequence[bytes], concurrency: int, protocol: str = "v1",
              model_name: str = "fmnist", duration: float | None = None,
              total_requests: int | None = None, images_per_request: int = 1) -> Report:
-    """Sends requests from `concurrency` workers until `duration` seconds or `total_requests`."""
+    """Sends requests from `concurrency` workers until `duration` seconds or `total_requests`.
+    `url` is the server's HTTP base URL, or with protocol "grpc" its gRPC HOST:PORT."""
     if duration is None and total_requests is None:
         raise ValueError("a load test needs a duration or a number of requests")
-    targets = [request_target(url, images_to_send, protocol, model_name)
-               for images_to_send in request_images(images, images_per_request)]
-    return asyncio.run(_load(targets, concurrency, duration, total_requests, images_per_request))
+    groups = request_images(images, images_per_request)
+    if protocol == "grpc":
+        calls = [grpc_request(images_to_send, model_name) for images_to_send in groups]
+        return asyncio.run(_load(grpc_sender(url, calls), concurrency, duration, total_requests,
+                                 images_per_request))
+    targets = [request_target(url, images_to_send, protocol, model_name) for images_to_send in groups]
+    return asyncio.run(_load(http_sender(targets, concurrency), concurrency, duration, total_requests,
+                             images_per_request))
 
 
 def request_images(images: Sequence[bytes], per_request: int) -> list[list[bytes]]:
@@ -143,42 +159,76 @@ def request_images(images: Sequence[bytes], per_request: int) -> list[list[bytes
             for start in range(len(images))]
 
 
-def request_target(url: str, images: Sequence[bytes], protocol: str, model_name: str) -> tuple[str, bytes]:
-    path, body = inference_request(images, protocol, model_name)
-    return url.rstrip("/") + path, json.dumps(body).encode()
+def request_target(url: str, images: Sequence[bytes], protocol: str,
+                   model_name: str) -> tuple[str, bytes, dict]:
+    path, body, headers = http_request(images, protocol, model_name)
+    return url.rstrip("/") + path, body, headers
 
 
-async def _load(targets: Sequence[tuple[str, bytes]], concurrency: int, duration: float | None,
-                total_requests: int | None, images_per_request: int) -> Report:
+# Sends request `ticket` and returns its status: an HTTP status, a gRPC code's name, or the
+# exception's name when there was no answer. Used as `async with sender as send:`.
+Send = Callable[[int], Awaitable[int | str]]
+
+
+@contextlib.asynccontextmanager
+async def http_sender(targets: Sequence[tuple[str, bytes, dict]], concurrency: int) -> AsyncIterator[Send]:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def send(ticket: int) -> int | str:
+            target, body, headers = targets[ticket % len(targets)]
+            try:
+                async with session.post(target, data=body, headers=headers) as response:
+                    await response.read()
+                    return response.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                return type(error).__name__
+
+        yield send
+
+
+@contextlib.asynccontextmanager
+async def grpc_sender(address: str, calls: Sequence[object]) -> AsyncIterator[Send]:
+    """One HTTP/2 channel for all workers, each call a stream on it, as gRPC clients do."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        infer = model_infer(channel)
+
+        async def send(ticket: int) -> int | str:
+            try:
+                await infer(calls[ticket % len(calls)], timeout=REQUEST_TIMEOUT_SECONDS)
+                return GRPC_OK
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+
+        yield send
+
+
+async def _load(sender: contextlib.AbstractAsyncContextManager[Send], concurrency: int,
+                duration: float | None, total_requests: int | None, images_per_request: int) -> Report:
     # One event loop and bodies encoded once: a thread per worker with `requests` cost the load
     # generator 2 ms of CPU per request, so on a small machine it, not the server, set the pace.
     tickets = itertools.count()
     latencies: list[float] = []
     statuses: Counter = Counter()
-    started = time.perf_counter()
-    deadline = started + duration if duration is not None else float("inf")
 
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while time.perf_counter() < deadline:
-            ticket = next(tickets)
-            if total_requests is not None and ticket >= total_requests:
-                return
-            target, body = targets[ticket % len(targets)]
-            sent = time.perf_counter()
-            try:
-                async with session.post(target, data=body, headers=JSON_HEADERS) as response:
-                    await response.read()
-                    status = response.status
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                status = type(error).__name__
-            latencies.append(time.perf_counter() - sent)
-            statuses[status] += 1
+    async with sender as send:
+        started = time.perf_counter()
+        deadline = started + duration if duration is not None else float("inf")
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    return Report(time.perf_counter() - started, latencies, statuses, images_per_request)
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                ticket = next(tickets)
+                if total_requests is not None and ticket >= total_requests:
+                    return
+                sent = time.perf_counter()
+                status = await send(ticket)
+                latencies.append(time.perf_counter() - sent)
+                statuses[status] += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+    return Report(seconds, latencies, statuses, images_per_request)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -191,7 +241,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=Path, help="a directory of PNG or JPEG files")
     parser.add_argument("--images-per-request", type=cli.positive_int, default=1,
                         help="instances in each request body")
-    parser.add_argument("--protocol", choices=("v1", "v2"), default="v1")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="v1")
+    parser.add_argument("--grpc-address", type=grpc_address, default=DEFAULT_GRPC_ADDRESS,
+                        help="the server's gRPC HOST:PORT, for --protocol grpc")
     parser.add_argument("--model-name", default="fmnist")
     parser.add_argument("--plot", type=Path, help="also draw the latency histogram as a PNG")
     parser.add_argument("--max-error-rate", type=cli.fraction, default=0.0)
@@ -201,8 +253,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     images = read_images(args.images) if args.images else generated_images()
-    report = run_load(args.url, images, args.concurrency, args.protocol, args.model_name,
-                      args.duration, args.requests, args.images_per_request)
+    report = run_load(args.grpc_address if args.protocol == "grpc" else args.url, images,
+                      args.concurrency, args.protocol, args.model_name, args.duration, args.requests,
+                      args.images_per_request)
     print(report.summary(), flush=True)
     if args.plot:
         report.plot(args.plot)

@@ -22,7 +22,7 @@ from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from serving.batching import DynamicBatcher
-from serving.inputs import Batch, decoded, parse_v1, parse_v2
+from serving.inputs import Batch, decoded, parse_v1, parse_v2, request_protocol
 from serving.metrics import BATCH_SIZE, MODEL_VERSION, QUEUE_FULL
 from serving.request_log import RequestLogger
 from trainer import model_repository
@@ -195,10 +195,10 @@ class FashionMnistModel(Model):
         request_id = ((payload.id if is_v2 else None) or (headers or {}).get("x-request-id")
                       or str(uuid.uuid4()))
         if self.request_logger is not None:
-            self.request_logger.log(self._log_entry(request_id, "v2" if is_v2 else "v1", batch, prediction,
+            self.request_logger.log(self._log_entry(request_id, request_protocol(payload), batch, prediction,
                                                     time.perf_counter() - started))
         if is_v2:
-            return v2_response(request_id, self.name, prediction)
+            return v2_response(request_id, self.name, prediction, payload)
         return v1_response(prediction)
 
     def _log_entry(self, request_id: str, protocol: str, batch: Batch, prediction: Prediction,
@@ -263,13 +263,20 @@ def v1_response(prediction: Prediction) -> dict:
     ], "model_version": prediction.version}
 
 
-def v2_response(request_id: str, model_name: str, prediction: Prediction) -> InferResponse:
+def v2_response(request_id: str, model_name: str, prediction: Prediction,
+                request: InferRequest | None = None) -> InferResponse:
+    """Outputs as flat lists, which gRPC's typed contents require (JSON allows them too); in binary
+    (HTTP's binary extension, gRPC's raw_output_contents) when `request` asks for it or was sent so,
+    and only the outputs it names, if it names any."""
     outputs = prediction.outputs
     count = len(outputs["class_id"])
     infer_outputs = [
-        InferOutput("probabilities", [count, NUM_CLASSES], "FP32", outputs["probabilities"].tolist()),
+        InferOutput("probabilities", [count, NUM_CLASSES], "FP32",
+                    outputs["probabilities"].reshape(-1).tolist()),
         InferOutput("class_id", [count], "INT32", outputs["class_id"].tolist()),
         InferOutput("class_name", [count], "BYTES", [name.decode() for name in outputs["class_name"]]),
     ]
     return InferResponse(response_id=request_id, model_name=model_name,
-                         model_version=str(prediction.version), infer_outputs=infer_outputs)
+                         model_version=str(prediction.version), infer_outputs=infer_outputs,
+                         use_binary_outputs=request is not None and request.use_binary_outputs,
+                         requested_outputs=request.request_outputs if request is not None else None)

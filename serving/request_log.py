@@ -3,7 +3,9 @@
 Entries go into a bounded queue that a background thread drains into a sink: a file of JSON lines,
 or CloudEvents posted to a URL (the format KServe's logger posts, so the same receivers work).
 When the queue is full or the sink fails, entries are dropped and counted; a prediction never
-waits for, or fails because of, its log entry.
+waits for, or fails because of, its log entry. A logger can keep only some protocols' entries: on
+the cluster KServe's logger (the agent in front of the HTTP port) logs HTTP requests, and the server
+logs gRPC ones (GRPC_ONLY), so that each request is logged once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import queue
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import requests
 from cloudevents.conversion import to_binary
@@ -27,6 +29,8 @@ EVENT_SOURCE = "dist-ml/serving"
 REQUEST_EVENT = "org.kubeflow.serving.inference.request"
 RESPONSE_EVENT = "org.kubeflow.serving.inference.response"
 logger = logging.getLogger(__name__)
+
+GRPC_ONLY = frozenset({"grpc"})  # entries' "protocol" values (serving.inputs.request_protocol)
 
 Sink = Callable[[dict], None]
 
@@ -58,12 +62,16 @@ def cloudevents_sink(url: str) -> Sink:
 
 
 class RequestLogger:
-    def __init__(self, sink: Sink, max_queued: int = MAX_QUEUED_ENTRIES):
-        self.sink = sink
+    def __init__(self, sink: Sink, max_queued: int = MAX_QUEUED_ENTRIES,
+                 protocols: Collection[str] | None = None):
+        """`protocols`: log only entries whose "protocol" is one of these (default: all)."""
+        self.sink, self.protocols = sink, protocols
         self._queue: queue.Queue[dict] = queue.Queue(max_queued)
         threading.Thread(target=self._drain, name="request-logger", daemon=True).start()
 
     def log(self, entry: dict) -> None:
+        if self.protocols is not None and entry.get("protocol") not in self.protocols:
+            return
         try:
             self._queue.put_nowait(entry)
         except queue.Full:

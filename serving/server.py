@@ -2,7 +2,7 @@
 
     python -m serving.server (--model-repo REPO | --model-base-path DIR) --model-name fmnist
         [--http-port 8080] [--grpc-port 8081] [--max-batch-size 32] [--max-batch-wait-ms 0]
-        [--max-queued-images 1024] [--log-file FILE | --log-url URL]
+        [--max-queued-images 1024] [--log-file FILE | --log-url URL] [--log-grpc-only]
 
 Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService
 (there with `--model-base-path /mnt/models`, where KServe's storage initializer puts a release).
@@ -41,9 +41,10 @@ from timing_asgi import TimingMiddleware
 
 from common import cli
 from serving.batching import QueueFull
+from serving.dataplane import with_strict_dataplane
 from serving.metrics import ERRORS, LATENCY, REQUESTS, error_kind
 from serving.model import DEFAULT_MAX_QUEUED_IMAGES, FashionMnistModel
-from serving.request_log import RequestLogger, cloudevents_sink, file_sink
+from serving.request_log import GRPC_ONLY, RequestLogger, cloudevents_sink, file_sink
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # What a 503 for a full queue tells clients to wait: the queue drains in under a second.
@@ -310,6 +311,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sinks.add_argument("--log-file", type=Path, help="append each request and response as a JSON line")
     sinks.add_argument("--log-url", help="post each request and response as CloudEvents")
     parser.add_argument("--log-payloads", action="store_true", help="also log the raw inputs")
+    parser.add_argument("--log-grpc-only", action="store_true",
+                        help="log only gRPC requests: on a cluster, KServe's logger logs the HTTP ones")
     return parser.parse_args(argv)
 
 
@@ -319,10 +322,11 @@ def base_path(args: argparse.Namespace) -> Path:
 
 
 def request_logger(args: argparse.Namespace) -> RequestLogger | None:
+    protocols = GRPC_ONLY if args.log_grpc_only else None
     if args.log_file:
-        return RequestLogger(file_sink(args.log_file))
+        return RequestLogger(file_sink(args.log_file), protocols=protocols)
     if args.log_url:
-        return RequestLogger(cloudevents_sink(args.log_url))
+        return RequestLogger(cloudevents_sink(args.log_url), protocols=protocols)
     return None
 
 
@@ -333,8 +337,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                               request_logger(args), args.log_payloads, args.max_queued_images)
     model.load()
     # KServe's per-request latency log lines are off: dist_ml_request_seconds measures the same.
-    server = ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
-                         enable_grpc=args.grpc_port != 0, workers=1, enable_latency_logging=False)
+    server = with_strict_dataplane(ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
+                                               enable_grpc=args.grpc_port != 0, workers=1,
+                                               enable_latency_logging=False))
     app.add_middleware(InferenceRoute, dataplane=server.dataplane, handlers=app)
     app.add_middleware(LimitAndMeasure, max_body_bytes=args.max_body_bytes)  # outside InferenceRoute
     add_error_handlers(app)

@@ -1,5 +1,6 @@
 """Property-based: whatever body an outside client sends, the server answers it with a status under
-500 on a connection that stays whole, and serves valid requests afterwards."""
+500 on a connection that stays whole, and serves valid requests afterwards; whatever ModelInfer
+request a gRPC client sends, the answer is OK or INVALID_ARGUMENT, never INTERNAL."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ import struct
 import zlib
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from test_serving_protocols import grpc_model_server
 
-from serving.process import model_server
+from serving.client import bytes_tensor
+from serving.grpc_messages import model_infer, pb
 
 MODEL = "fmnist"
 EXAMPLES = 100  # each is one HTTP request: ~100 keeps the test within a minute on two cores
@@ -150,11 +154,149 @@ def v2_bodies(draw) -> object:
     ))
 
 
+# --- the binary tensor data extension: a JSON header, then each binary input's bytes --------------
+
+@st.composite
+def valid_binary_tensors(draw) -> tuple[dict, bytes]:
+    count = draw(st.integers(1, 3))
+    if draw(st.booleans()):
+        data = bytes_tensor([draw(valid_images()) for _ in range(count)])
+        tensor = {"name": "image_bytes", "shape": [count], "datatype": "BYTES"}
+    else:
+        datatype = draw(st.sampled_from(["UINT8", "FP32"]))
+        pixels = np.full((count, 28, 28, 1), draw(st.integers(0, 255)))
+        data = pixels.astype(np.uint8 if datatype == "UINT8" else np.float32).tobytes()
+        tensor = {"name": "pixels", "shape": [count, 28, 28, 1], "datatype": datatype}
+    return {**tensor, "parameters": {"binary_data_size": len(data)}}, data
+
+
+INPUT_FIELDS = ["name", "shape", "datatype", "parameters", "data"]
+BAD_LENGTHS = ["", "x", "-1", "1e3", "\u00b2", "99999999999999999999"]  # "²" passes str.isdigit
+
+
+@st.composite
+def binary_requests(draw) -> tuple[bytes, str]:
+    """(body, Inference-Header-Content-Length): a valid request, then up to three things broken."""
+    tensor, data = draw(valid_binary_tensors())
+    header: object = {"inputs": [tensor]}
+    if draw(st.booleans()):
+        header["parameters"] = {"binary_data_output": draw(st.one_of(st.booleans(), JSON_SCALARS))}
+    if draw(st.booleans()):
+        header["outputs"] = draw(st.lists(st.fixed_dictionaries(
+            {"name": st.sampled_from(["probabilities", "class_id", "class_name", "nope"])},
+            optional={"parameters": st.fixed_dictionaries({"binary_data": st.booleans()})}), max_size=3))
+    length_shift = 0
+    for mutation in draw(st.lists(st.sampled_from(
+            ("datatype", "shape", "size", "data", "elements", "length", "header", "json", "extra")),
+            max_size=3)):
+        if mutation == "datatype":
+            tensor["datatype"] = draw(st.sampled_from(DATATYPES))
+        elif mutation == "shape":
+            tensor["shape"] = draw(st.one_of(st.lists(st.integers(-3, 2**62), max_size=5), JSON_SCALARS))
+        elif mutation == "size" and isinstance(tensor.get("parameters"), dict):
+            tensor["parameters"]["binary_data_size"] = draw(st.one_of(st.integers(-5, 2**40), JSON_SCALARS))
+        elif mutation == "data":
+            data = data[:draw(st.integers(0, len(data)))] + draw(st.binary(max_size=16))
+        elif mutation == "elements":  # BYTES elements whose length prefixes lie
+            data = draw(st.binary(max_size=12)) + data[draw(st.integers(0, len(data))):]
+        elif mutation == "length":
+            length_shift = draw(st.integers(-8, 8))
+        elif mutation == "header" and isinstance(header, dict):
+            tensor = draw(st.dictionaries(st.sampled_from(INPUT_FIELDS), JSON_VALUES, max_size=5))
+            header["inputs"] = [tensor]
+        elif mutation == "json":
+            header = draw(JSON_VALUES)
+        elif mutation == "extra" and isinstance(header, dict):
+            header["inputs"] = header.get("inputs", []) + [dict(tensor)]
+    text = json.dumps(header).encode()
+    if draw(st.integers(0, 9)) == 0:
+        return text + data, draw(st.sampled_from(BAD_LENGTHS))
+    return text + data, str(max(0, len(text) + length_shift))
+
+
+# --- gRPC: ModelInfer requests, typed contents or raw_input_contents --------------------------------
+
+GRPC_CONTENTS = {
+    "bytes_contents": st.lists(st.one_of(encoded_images(), valid_images()), max_size=3),
+    "fp32_contents": st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), max_size=800),
+    "uint_contents": st.lists(st.integers(0, 2**32 - 1), max_size=800),
+    "int_contents": st.lists(st.integers(-2**31, 2**31 - 1), max_size=8),
+    "bool_contents": st.lists(st.booleans(), max_size=4),
+}
+
+
+@st.composite
+def valid_grpc_tensors(draw) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes | None]:
+    """A tensor ModelInfer accepts, and its raw contents (None: in typed contents)."""
+    count, raw = draw(st.integers(1, 3)), draw(st.booleans())
+    if draw(st.booleans()):
+        images = [draw(valid_images()) for _ in range(count)]
+        tensor = pb.ModelInferRequest.InferInputTensor(name="image_bytes", datatype="BYTES", shape=[count])
+        if raw:
+            return tensor, bytes_tensor(images)
+        tensor.contents.bytes_contents.extend(images)
+        return tensor, None
+    datatype = draw(st.sampled_from(["UINT8", "FP32"]))
+    pixels = np.full(784 * count, draw(st.integers(0, 255)))
+    tensor = pb.ModelInferRequest.InferInputTensor(name="pixels", datatype=datatype, shape=[count, 28, 28, 1])
+    if raw:
+        return tensor, pixels.astype(np.uint8 if datatype == "UINT8" else np.float32).tobytes()
+    (tensor.contents.uint_contents if datatype == "UINT8" else tensor.contents.fp32_contents).extend(pixels)
+    return tensor, None
+
+
+@st.composite
+def grpc_tensors(draw) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes | None]:
+    """A valid tensor, then up to two things about it broken."""
+    tensor, raw = draw(valid_grpc_tensors())
+    for mutation in draw(st.lists(st.sampled_from(("datatype", "shape", "parameter", "typed", "raw", "none")),
+                                  max_size=2)):
+        if mutation == "datatype":
+            tensor.datatype = draw(st.sampled_from(DATATYPES))
+        elif mutation == "shape":
+            del tensor.shape[:]
+            tensor.shape.extend(draw(st.lists(st.integers(-3, 2**62), max_size=5)))
+        elif mutation == "parameter":
+            tensor.parameters["binary_data_size"].int64_param = draw(st.integers(-2**63, 2**63 - 1))
+        elif mutation == "typed":
+            tensor.ClearField("contents")
+            field = draw(st.sampled_from(sorted(GRPC_CONTENTS)))
+            getattr(tensor.contents, field).extend(draw(GRPC_CONTENTS[field]))
+            raw = None
+        elif mutation == "raw":
+            tensor.ClearField("contents")
+            odd_images = st.lists(encoded_images(), min_size=1, max_size=3)
+            raw = draw(st.one_of(st.binary(max_size=64), st.builds(bytes_tensor, odd_images)))
+        elif mutation == "none":
+            tensor.ClearField("contents")
+            raw = None
+    return tensor, raw
+
+
+@st.composite
+def grpc_requests(draw) -> pb.ModelInferRequest:
+    tensors = draw(st.lists(grpc_tensors(), max_size=2))
+    request = pb.ModelInferRequest(model_name=MODEL, inputs=[tensor for tensor, _ in tensors])
+    raws = [raw for _, raw in tensors if raw is not None]
+    if raws and (len(raws) == len(tensors) or draw(st.booleans())):  # a mismatch KServe refuses, too
+        request.raw_input_contents.extend(raws)
+    if draw(st.booleans()):
+        request.outputs.add(name=draw(st.sampled_from(["probabilities", "class_name", "nope"])))
+    return request
+
+
 @pytest.fixture(scope="module")
 def server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("fuzzed-server")
-    with model_server(published_repo, MODEL, work / "server.log") as (url, process):
-        yield url, process
+    with grpc_model_server(published_repo, work) as (url, address, process):
+        yield url, address, process
+
+
+def assert_healthy(url: str, process) -> None:
+    assert process.poll() is None
+    assert requests.get(f"{url}/v2/health/ready", timeout=10).status_code == 200
+    response = requests.post(f"{url}/v1/models/{MODEL}:predict", json=valid_v1_body(), timeout=30)
+    assert response.status_code == 200, response.text
 
 
 def valid_v1_body() -> dict:
@@ -164,7 +306,7 @@ def valid_v1_body() -> dict:
 
 
 def test_no_body_gets_a_server_error_or_a_dropped_connection_and_the_server_stays_healthy(server):
-    url, process = server
+    url, _, process = server
     seen: collections.Counter = collections.Counter()
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -182,7 +324,47 @@ def test_no_body_gets_a_server_error_or_a_dropped_connection_and_the_server_stay
     answered_under_500()
     # Some bodies were valid and reached the model, so batches mixed good and bad requests.
     assert any(status == 200 for _, status in seen), sorted(seen.items())
-    assert process.poll() is None
-    assert requests.get(f"{url}/v2/health/ready", timeout=10).status_code == 200
-    response = requests.post(f"{url}/v1/models/{MODEL}:predict", json=valid_v1_body(), timeout=30)
-    assert response.status_code == 200, response.text
+    assert_healthy(url, process)
+
+
+def test_no_binary_body_gets_a_server_error_or_a_dropped_connection(server):
+    url, _, process = server
+    seen: collections.Counter = collections.Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(body_and_length=binary_requests())
+    def answered_under_500(body_and_length):
+        body, length = body_and_length
+        response = requests.post(f"{url}/v2/models/{MODEL}/infer", data=body, timeout=60,
+                                 headers={"content-type": "application/octet-stream",
+                                          "inference-header-content-length": length})
+        seen[response.status_code] += 1
+        assert response.status_code < 500, f"{response.status_code}: {response.text[:500]}"
+
+    answered_under_500()
+    assert seen[200] > 0, sorted(seen.items())
+    assert_healthy(url, process)
+
+
+def test_no_grpc_request_gets_internal_and_the_server_stays_healthy(server):
+    url, address, process = server
+    seen: collections.Counter = collections.Counter()
+    with grpc.insecure_channel(address) as channel:
+        infer = model_infer(channel)
+
+        @settings(max_examples=EXAMPLES, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(request=grpc_requests())
+        def answered_ok_or_invalid_argument(request):
+            try:
+                infer(request, timeout=60)
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as error:
+                code = error.code()
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, f"{code}: {error.details()[:500]}"
+            seen[code.name] += 1
+
+        answered_ok_or_invalid_argument()
+    assert seen["OK"] > 0, sorted(seen.items())
+    assert_healthy(url, process)

@@ -1,0 +1,578 @@
+"""The v2 binary tensor data extension and gRPC v2 end to end: a real server process on 127.0.0.1
+with its gRPC port, real HTTP and gRPC clients, the request log, and the predictor's ports as the
+cluster gets them."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import struct
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import requests
+from conftest import REPO_ROOT, run_module
+from kserve.protocol.infer_type import InferInput, InferRequest
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+from stack_checks import embedded
+
+from common.ports import free_ports
+from serving import client, loadtest
+from serving.grpc_messages import model_infer, pb
+from serving.process import start_module, stop, wait_until_ready
+from stacks import render
+from trainer.fashion_mnist import CLASS_NAMES
+
+MODEL = "fmnist"
+INFER = f"/v2/models/{MODEL}/infer"
+GRPC_READY_SECONDS = 30
+LOG_WAIT_SECONDS = 10
+HEADER = "inference-header-content-length"
+Tensor = pb.ModelInferRequest.InferInputTensor
+
+
+@contextlib.contextmanager
+def grpc_model_server(repo: Path, work: Path, *extra: object) -> Iterator[tuple[str, str, subprocess.Popen]]:
+    """`python -m serving.server` with HTTP and gRPC on free ports; yields (URL, gRPC address, process)."""
+    http_port, grpc_port = free_ports(2)
+    url, address = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+    log = work / "server.log"
+    process = start_module(
+        "serving.server",
+        "--model-repo",
+        repo,
+        "--model-name",
+        MODEL,
+        "--http-port",
+        http_port,
+        "--grpc-port",
+        grpc_port,
+        *extra,
+        log=log,
+    )
+    try:
+        wait_until_ready(url, MODEL, process, log)
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=GRPC_READY_SECONDS)
+        yield url, address, process
+    finally:
+        stop(process)
+
+
+def png(value: int, size: tuple[int, int] = (28, 28)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", size, value).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+IMAGES = [png(30), png(120), png(240)]
+PIXELS = np.stack([np.array(Image.open(io.BytesIO(image)), np.float32)[..., None] for image in IMAGES])
+
+
+@pytest.fixture(scope="module")
+def server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("protocols")
+    with grpc_model_server(
+        published_repo, work, "--log-file", work / "requests.jsonl", "--log-grpc-only"
+    ) as (url, address, _):
+        yield url, address, work / "requests.jsonl"
+
+
+@pytest.fixture(scope="module")
+def expected(server) -> list[tuple[str, float]]:
+    """What v1 JSON answers for IMAGES: every other protocol must agree."""
+    url, _, _ = server
+    return client.predict(IMAGES, url, "v1", MODEL)
+
+
+def assert_same(found: list[tuple[str, float]], expected: list[tuple[str, float]]) -> None:
+    assert [name for name, _ in found] == [name for name, _ in expected]
+    assert np.allclose([p for _, p in found], [p for _, p in expected], atol=1e-5)
+
+
+def binary_post(url: str, header: dict, data: bytes, length: str | None = None) -> requests.Response:
+    text = json.dumps(header).encode()
+    headers = {"content-type": "application/octet-stream", HEADER: length or str(len(text))}
+    return requests.post(url + INFER, data=text + data, headers=headers, timeout=30)
+
+
+# --- the binary tensor data extension -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["v2", "v2-binary", "grpc"])
+def test_every_protocol_classifies_encoded_images_as_v1_does(server, expected, protocol):
+    url, address, _ = server
+    assert_same(client.predict(IMAGES, url, protocol, MODEL, grpc_target=address), expected)
+
+
+def test_kserves_own_binary_request_is_understood(server, expected):
+    """The SDK's InferRequest.to_rest (as InferenceRESTClient sends it) with images as BYTES."""
+    url, _, _ = server
+    tensor = InferInput("image_bytes", [len(IMAGES)], "BYTES")
+    tensor.set_data_from_numpy(np.array(IMAGES, dtype=np.object_), binary_data=True)
+    body, json_length = InferRequest(MODEL, [tensor]).to_rest()
+    response = requests.post(
+        url + INFER,
+        data=body,
+        timeout=30,
+        headers={HEADER: str(json_length), "content-type": "application/octet-stream"},
+    )
+    assert response.status_code == 200, response.text
+    assert_same(client.predictions(response.json(), "v2"), expected)
+
+
+@pytest.mark.parametrize("datatype, dtype", [("FP32", np.float32), ("UINT8", np.uint8)])
+def test_binary_pixel_tensors_answer_as_the_encoded_images_do(server, expected, datatype, dtype):
+    url, _, _ = server
+    data = PIXELS.astype(dtype).tobytes()
+    response = binary_post(
+        url,
+        {
+            "inputs": [
+                {
+                    "name": "pixels",
+                    "shape": list(PIXELS.shape),
+                    "datatype": datatype,
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ]
+        },
+        data,
+    )
+    assert response.status_code == 200, response.text
+    assert HEADER not in response.headers  # JSON outputs unless asked for binary ones
+    assert_same(client.predictions(response.json(), "v2"), expected)
+
+
+def test_binary_outputs_only_when_asked_and_only_those_named(server):
+    url, _, _ = server
+    data = client.bytes_tensor(IMAGES[:1])
+    inputs = [
+        {
+            "name": "image_bytes",
+            "shape": [1],
+            "datatype": "BYTES",
+            "parameters": {"binary_data_size": len(data)},
+        }
+    ]
+    response = binary_post(
+        url,
+        {
+            "inputs": inputs,
+            "outputs": [{"name": "class_id", "parameters": {"binary_data": True}}, {"name": "class_name"}],
+        },
+        data,
+    )
+    assert response.status_code == 200, response.text
+    json_length = int(response.headers[HEADER])
+    header = json.loads(response.content[:json_length])
+    assert [output["name"] for output in header["outputs"]] == ["class_id", "class_name"]
+    class_id, class_name = header["outputs"]
+    assert class_id["parameters"]["binary_data_size"] == 4 and "data" not in class_id
+    assert struct.unpack("<i", response.content[json_length:]) == (CLASS_NAMES.index(class_name["data"][0]),)
+
+
+GOOD_BYTES = client.bytes_tensor(IMAGES[:1])
+GOOD_INPUT = {
+    "name": "image_bytes",
+    "shape": [1],
+    "datatype": "BYTES",
+    "parameters": {"binary_data_size": len(GOOD_BYTES)},
+}
+
+
+@pytest.mark.parametrize(
+    "header, data, length, message",
+    [
+        ({"inputs": [GOOD_INPUT]}, GOOD_BYTES, "12x", "must be the JSON header's length"),
+        ({"inputs": [GOOD_INPUT]}, GOOD_BYTES, "999999", "must be the JSON header's length"),
+        ({"inputs": [GOOD_INPUT]}, GOOD_BYTES, "3", "not valid JSON"),
+        ({"input": [GOOD_INPUT]}, GOOD_BYTES, None, 'a list of "inputs"'),
+        ({"inputs": ["x"]}, GOOD_BYTES, None, "must be a JSON object"),
+        ({"inputs": [{**GOOD_INPUT, "shape": "1"}]}, GOOD_BYTES, None, "a list shape"),
+        ({"inputs": [{**GOOD_INPUT, "parameters": {}}]}, GOOD_BYTES, None, "neither data nor"),
+        (
+            {"inputs": [{**GOOD_INPUT, "parameters": {"binary_data_size": -1}}]},
+            GOOD_BYTES,
+            None,
+            "non-negative",
+        ),
+        (
+            {"inputs": [{**GOOD_INPUT, "parameters": {"binary_data_size": 10**9}}]},
+            GOOD_BYTES,
+            None,
+            "past the body",
+        ),
+        ({"inputs": [GOOD_INPUT]}, GOOD_BYTES + b"xx", None, "belong to no input"),
+        ({"inputs": [GOOD_INPUT], "parameters": [1]}, GOOD_BYTES, None, '"parameters" must be'),
+        ({"inputs": [GOOD_INPUT], "outputs": [{"name": 3}]}, GOOD_BYTES, None, "requested output"),
+        ({"inputs": [GOOD_INPUT], "outputs": [{"name": "nope"}]}, GOOD_BYTES, None, "nope"),
+        ({"inputs": [{**GOOD_INPUT, "shape": [2]}]}, GOOD_BYTES, None, "does not match shape"),
+        (
+            {"inputs": [{**GOOD_INPUT, "parameters": {"binary_data_size": 6}}]},
+            b"\xff\xff\xff\xffab",
+            None,
+            "does not match shape",
+        ),
+        (
+            {"inputs": [{**GOOD_INPUT, "parameters": {"binary_data_size": 7}}]},
+            struct.pack("<I", 3) + b"abc",
+            None,
+            "not a readable PNG or JPEG",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "shape": [1, 28, 28, 1],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 7},
+                    }
+                ]
+            },
+            b"1234567",
+            None,
+            "does not match shape",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "shape": [1, 28, 28, 1],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 3136},
+                    }
+                ]
+            },
+            np.full(784, np.nan, np.float32).tobytes(),
+            None,
+            "finite",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "shape": [1, 28, 28, 1],
+                        "datatype": "FP16",
+                        "parameters": {"binary_data_size": 1568},
+                    }
+                ]
+            },
+            bytes(1568),
+            None,
+            "FP16 is not accepted",
+        ),
+    ],
+)
+def test_every_malformed_binary_request_is_a_400_that_says_why(server, header, data, length, message):
+    url, _, _ = server
+    response = binary_post(url, header, data, length)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]
+
+
+def test_a_binary_body_without_its_header_is_a_400(server):
+    url, _, _ = server
+    response = requests.post(
+        url + INFER, data=GOOD_BYTES, timeout=30, headers={"content-type": "application/octet-stream"}
+    )
+    assert response.status_code == 400 and HEADER in response.json()["error"]
+
+
+# --- gRPC -----------------------------------------------------------------------------------------
+
+
+def infer_grpc(address: str, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    with grpc.insecure_channel(address) as channel:
+        return model_infer(channel)(request, timeout=30)
+
+
+@pytest.mark.parametrize(
+    "form", ["bytes_contents", "fp32_raw", "fp32_contents", "uint8_raw", "uint8_contents"]
+)
+def test_grpc_accepts_images_and_pixels_raw_and_typed(server, expected, form):
+    _, address, _ = server
+    shape = list(PIXELS.shape)
+    tensor, raw = {
+        "bytes_contents": (
+            Tensor(
+                name="image_bytes",
+                datatype="BYTES",
+                shape=[len(IMAGES)],
+                contents=pb.InferTensorContents(bytes_contents=IMAGES),
+            ),
+            None,
+        ),
+        "fp32_raw": (Tensor(name="pixels", datatype="FP32", shape=shape), PIXELS.tobytes()),
+        "fp32_contents": (
+            Tensor(
+                name="pixels",
+                datatype="FP32",
+                shape=shape,
+                contents=pb.InferTensorContents(fp32_contents=PIXELS.ravel()),
+            ),
+            None,
+        ),
+        "uint8_raw": (
+            Tensor(name="pixels", datatype="UINT8", shape=shape),
+            PIXELS.astype(np.uint8).tobytes(),
+        ),
+        "uint8_contents": (
+            Tensor(
+                name="pixels",
+                datatype="UINT8",
+                shape=shape,
+                contents=pb.InferTensorContents(uint_contents=PIXELS.astype(int).ravel()),
+            ),
+            None,
+        ),
+    }[form]
+    response = infer_grpc(
+        address,
+        pb.ModelInferRequest(model_name=MODEL, inputs=[tensor], raw_input_contents=[raw] if raw else []),
+    )
+    # Raw inputs get raw outputs, typed inputs typed ones (KServe's InferRequest.use_binary_outputs).
+    assert bool(response.raw_output_contents) == bool(raw)
+    assert_same(client.grpc_predictions(response), expected)
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (pb.ModelInferRequest(model_name=MODEL), "expected exactly one input"),
+        (
+            pb.ModelInferRequest(
+                model_name=MODEL,
+                inputs=[Tensor(name="pixels", datatype="FP32", shape=[1, 28, 28, 1])],
+                raw_input_contents=[b"abc"],
+            ),
+            "does not match shape",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name=MODEL,
+                inputs=[Tensor(name="image_bytes", datatype="BYTES", shape=[1])],
+                raw_input_contents=[b"\xff\xff\xff\xffab"],
+            ),
+            "does not match shape",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name=MODEL,
+                inputs=[Tensor(name="image_bytes", datatype="BYTES", shape=[2])],
+                raw_input_contents=[client.bytes_tensor(IMAGES[:1])],
+            ),
+            "does not match shape",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name=MODEL,
+                inputs=[
+                    Tensor(
+                        name="image_bytes",
+                        datatype="BYTES",
+                        shape=[1],
+                        contents=pb.InferTensorContents(bytes_contents=[b"x"]),
+                    )
+                ],
+            ),
+            "not a readable PNG or JPEG",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name=MODEL,
+                inputs=[Tensor(name="pixels", datatype="FP32", shape=[-1, 28, 28, 1])],
+                raw_input_contents=[PIXELS[:1].tobytes()],
+            ),
+            "negative dimension",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name=MODEL,
+                inputs=[
+                    Tensor(
+                        name="pixels",
+                        datatype="UINT8",
+                        shape=[1, 28, 28, 1],
+                        contents=pb.InferTensorContents(uint_contents=[300] * 784),
+                    )
+                ],
+            ),
+            "0-255",
+        ),
+        (
+            pb.ModelInferRequest(
+                model_name=MODEL, inputs=[Tensor(name="pixels", datatype="bogus", shape=[1])]
+            ),
+            "invalid content type",
+        ),
+    ],
+)
+def test_grpc_bad_input_is_invalid_argument_never_internal(server, request_, message):
+    _, address, _ = server
+    with pytest.raises(grpc.RpcError) as raised:
+        infer_grpc(address, request_)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
+    assert message in raised.value.details()
+
+
+# --- the request log ------------------------------------------------------------------------------
+
+
+def logged(log_file: Path, request_id: str, timeout: float = LOG_WAIT_SECONDS) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entries = (
+            [json.loads(line) for line in log_file.read_text().splitlines()] if log_file.exists() else []
+        )
+        found = [entry for entry in entries if entry["id"] == request_id]
+        if found:
+            return found
+        time.sleep(0.1)
+    return []
+
+
+def test_with_log_grpc_only_grpc_requests_are_logged_once_and_http_ones_left_to_kserves_logger(server):
+    url, address, log_file = server
+    response = requests.post(
+        f"{url}/v1/models/{MODEL}:predict",
+        timeout=30,
+        headers={"x-request-id": "http-1"},
+        json={"instances": [{"b64": base64.b64encode(IMAGES[0]).decode()}]},
+    )
+    assert response.status_code == 200, response.text
+    request = client.grpc_request(IMAGES[:2], MODEL)
+    request.id = "grpc-1"
+    infer_grpc(address, request)
+    (entry,) = logged(log_file, "grpc-1")
+    assert entry["protocol"] == "grpc" and entry["instances"] == 2 and entry["model_version"] == 1
+    assert logged(log_file, "http-1", timeout=0.5) == []
+
+
+# --- the client and the load test -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["v2-binary", "grpc"])
+def test_client_and_loadtest_speak_binary_and_grpc(server, tmp_path, protocol):
+    url, address, _ = server
+    image = tmp_path / "image.png"
+    image.write_bytes(IMAGES[0])
+    result = run_module(
+        "serving.client",
+        "predict",
+        str(image),
+        "--url",
+        url,
+        "--grpc-address",
+        address,
+        "--protocol",
+        protocol,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{image}: ") and result.stdout.strip().endswith("%)")
+    report = loadtest.run_load(
+        address if protocol == "grpc" else url,
+        IMAGES,
+        4,
+        protocol,
+        MODEL,
+        total_requests=20,
+        images_per_request=2,
+    )
+    assert report.requests == 20 and report.statuses == {200: 20} and report.images_per_second > 0
+
+
+def test_the_client_reports_grpc_errors_in_one_line(server, tmp_path):
+    _, address, _ = server
+    bogus = tmp_path / "bogus.png"
+    bogus.write_text("not an image")
+    result = run_module(
+        "serving.client", "predict", str(bogus), "--grpc-address", address, "--protocol", "grpc"
+    )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"serving.client: error: INVALID_ARGUMENT from {address}: element 0: not a readable PNG or JPEG"
+        )
+    )
+
+
+# --- the predictor on the cluster -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["local", "gke"])
+def predictor(request) -> dict:
+    from test_cluster_contracts import stack_values, template_of
+
+    stack = render.render(request.param, stack_values(request.param))
+    return embedded(template_of(stack), "serve")
+
+
+def test_the_predictor_declares_grpc_as_a_second_h2c_port_behind_the_http_one(predictor, validate_crd):
+    (container,) = predictor["spec"]["predictor"]["containers"]
+    http, grpc_port = container["ports"]
+    # KServe routes, probes and puts its agent (the logger) in front of the first port only.
+    assert http["name"] == "http1" and container["args"][container["args"].index("--http-port") + 1] == str(
+        http["containerPort"]
+    )
+    # A name with "h2c" or "grpc" makes KServe's Service port appProtocol kubernetes.io/h2c.
+    assert "h2c" in grpc_port["name"] or "grpc" in grpc_port["name"]
+    assert container["args"][container["args"].index("--grpc-port") + 1] == str(grpc_port["containerPort"])
+    assert grpc_port["containerPort"] != http["containerPort"]
+    assert validate_crd("serving.kserve.io_inferenceservices.yaml", predictor) == []
+
+
+def test_with_kserves_logger_the_server_logs_grpc_requests_to_the_same_sink(predictor):
+    spec = predictor["spec"]["predictor"]
+    (container,) = spec["containers"]
+    args = container["args"]
+    assert "logger" in spec  # both stacks deploy the request logger
+    assert args[args.index("--log-url") + 1] == spec["logger"]["url"] and "--log-grpc-only" in args
+
+
+def test_the_client_speaks_grpc_without_importing_kserve():
+    """Importing kserve parses sys.argv (kserve.model_server) and rejects --protocol grpc."""
+    result = run_module(
+        "serving.client",
+        "predict",
+        str(REPO_ROOT / "README.md"),
+        "--protocol",
+        "grpc",
+        "--grpc-address",
+        f"127.0.0.1:{free_ports(1)[0]}",
+    )
+    assert result.returncode == 1 and "UNAVAILABLE from 127.0.0.1:" in result.stderr, result.stderr
+
+
+def grpc_request_counts(url: str) -> dict[str, float]:
+    metrics = requests.get(f"{url}/metrics", timeout=10).text
+    return {
+        sample.labels["status"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "dist_ml_requests_total" and sample.labels.get("protocol") == "grpc"
+    }
+
+
+def test_grpc_requests_are_counted_by_outcome_with_the_http_ones(server):
+    url, address, _ = server
+    before = grpc_request_counts(url)
+    infer_grpc(address, client.grpc_request(IMAGES[:1], MODEL))
+    with pytest.raises(grpc.RpcError):
+        infer_grpc(address, client.grpc_request([b"not an image"], MODEL))
+    after = grpc_request_counts(url)
+    assert after.get("200", 0) - before.get("200", 0) == 1
+    assert after.get("400", 0) - before.get("400", 0) == 1
