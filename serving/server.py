@@ -55,8 +55,6 @@ INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/[^/]+:predict$"),
 # patterns ({model_name} matches [^/]+ in Starlette).
 LEAN_PATHS = {"v1": re.compile(r"^/v1/models/(?P<model>[^/]+):predict$"),
               "v2": re.compile(r"^/v2/models/(?P<model>[^/]+)/infer$")}
-# The v2 binary tensor extension's header: such bodies are not JSON, KServe's own route parses them.
-BINARY_HEADER = b"inference-header-content-length"
 # Set in a request's ASGI scope when it was refused for a full queue: counted once, in
 # dist_ml_queue_full_total, not also as a "not ready" error.
 QUEUE_FULL_SCOPE_KEY = "dist_ml.queue_full"
@@ -130,8 +128,11 @@ class InferenceRoute:
     dependency solving (~40% of the server's Python per request in a profile): the same calls of
     KServe's data plane as its V1Endpoints.predict and V2Endpoints.infer, and every error answered
     by the application's own exception handlers (KServe's and ours), so statuses and bodies are
-    unchanged. Anything else (other paths and methods, v2 binary bodies, model versions in the path,
-    non-JSON v2 bodies) goes on to the application. Sits inside LimitAndMeasure (body limit, metrics).
+    unchanged. A v2 body is parsed as FastAPI parses the route's `Union[InferenceRequest, bytes]`:
+    JSON content types into an InferenceRequest, any other into bytes for the data plane (the binary
+    tensor extension). Anything else (other paths and methods, model versions in the path, v2 bodies
+    without a content type) goes on to the application. Sits inside LimitAndMeasure (body limit,
+    metrics).
     """
 
     def __init__(self, app: Callable, dataplane: DataPlane, handlers: FastAPI):
@@ -172,10 +173,9 @@ class InferenceRoute:
         return ORJSONResponse(content=response, headers=response_headers)
 
     async def _infer_v2(self, model_name: str, body: bytes, headers: dict[str, str]) -> Response:
-        """kserve.protocol.rest.v2_endpoints.V2Endpoints.infer with FastAPI's parsing of its JSON
-        body into an InferenceRequest (a RequestValidationError, a 422, when it does not fit)."""
+        """kserve.protocol.rest.v2_endpoints.V2Endpoints.infer with FastAPI's parsing of its body."""
         await self._ready_model(model_name)
-        request, _ = self.dataplane.decode(inference_request(body), headers,
+        request, _ = self.dataplane.decode(v2_body(body, headers["content-type"]), headers,
                                            protocol_version=PredictorProtocol.REST_V2.value,
                                            model_name=model_name)
         response, response_headers = await self.dataplane.infer(model_name=model_name, request=request,
@@ -185,6 +185,8 @@ class InferenceRoute:
         response_headers.update(encoded_headers)
         for name in ("content-length", "content-type"):
             response_headers.pop(name, None)
+        if isinstance(response, bytes):  # binary outputs, as KServe's route sends them
+            return Response(content=response, headers=response_headers)
         return Response(InferenceResponse.model_validate(response).model_dump_json(),
                         media_type="application/json", headers=response_headers)
 
@@ -201,20 +203,16 @@ def lean_route(scope: dict) -> tuple[str, str] | None:
         return None
     for protocol, pattern in LEAN_PATHS.items():
         if match := pattern.match(scope["path"]):
-            if protocol == "v2" and not is_json_v2(scope["headers"]):
-                return None
+            if protocol == "v2" and b"content-type" not in dict(scope["headers"]):
+                return None  # FastAPI's reading of such a body depends on its strictness setting
             return protocol, match["model"]
     return None
 
 
-def is_json_v2(headers: list[tuple[bytes, bytes]]) -> bool:
-    """A v2 body FastAPI would parse as JSON into an InferenceRequest: content-type application/json
-    or application/*+json, and not the binary extension."""
-    found = dict(headers)
-    if BINARY_HEADER in found or b"content-type" not in found:
-        return False
-    message = email.message.Message()  # FastAPI's own reading of the content type
-    message["content-type"] = found[b"content-type"].decode("latin-1")
+def is_json(content_type: str) -> bool:
+    """FastAPI's own test of a JSON body: application/json or application/*+json."""
+    message = email.message.Message()
+    message["content-type"] = content_type
     subtype = message.get_content_subtype()
     return message.get_content_maintype() == "application" and (subtype == "json"
                                                                 or subtype.endswith("+json"))
@@ -232,8 +230,14 @@ async def read_body(receive: Callable) -> bytes | None:
     return b"".join(chunks)
 
 
-def inference_request(body: bytes) -> InferenceRequest:
-    """FastAPI's parsing of a JSON body into the v2 route's InferenceRequest, and its errors."""
+def v2_body(body: bytes, content_type: str) -> InferenceRequest | bytes:
+    """FastAPI's parsing of a body into the v2 route's `Union[InferenceRequest, bytes]`, and its
+    errors (a RequestValidationError, a 422): a JSON body into an InferenceRequest, any other as is."""
+    if not body:
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required",
+                                       "input": None}])
+    if not is_json(content_type):
+        return body
     try:
         return InferenceRequest.model_validate(json.loads(body))
     except json.JSONDecodeError as error:
