@@ -124,8 +124,8 @@ class LimitAndMeasure:
 
 
 class InferenceRoute:
-    """KServe's v1 `:predict` and v2 `/infer` routes for JSON bodies, without FastAPI's routing and
-    dependency solving (~40% of the server's Python per request in a profile): the same calls of
+    """KServe's v1 `:predict` and v2 `/infer` routes without FastAPI's routing and dependency
+    solving (~40% of the server's Python per request in an earlier profile): the same calls of
     KServe's data plane as its V1Endpoints.predict and V2Endpoints.infer, and every error answered
     by the application's own exception handlers (KServe's and ours), so statuses and bodies are
     unchanged. A v2 body is parsed as FastAPI parses the route's `Union[InferenceRequest, bytes]`:
