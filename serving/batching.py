@@ -1,7 +1,12 @@
 """Dynamic batching: concurrent requests are merged into one model call.
 
-The first waiting request opens a batch; it closes when it holds `max_batch_size` instances or
-`max_wait_seconds` have passed, and runs in a worker thread so the event loop keeps accepting.
+One model call at a time, in a worker thread so the event loop keeps accepting. A request that finds
+the model idle opens a batch at once with everything already queued (up to `max_batch_size`
+instances); the requests that arrive while the model is busy queue, and make up the next batch as
+soon as it is free. So batching costs nothing when there is nothing to batch, and batches grow with
+the load, as TF Serving's and Triton's schedulers do with a zero batch timeout / queue delay.
+`max_wait_seconds` > 0 also holds a batch open that long for more requests before it runs
+(a latency floor, traded for fuller batches).
 
 It can neither hang nor grow without bound: at most `max_queued` instances are admitted and not yet
 answered (past that, `submit` raises QueueFull at once); an exception in one batch fails that
@@ -12,6 +17,7 @@ caller went away (its future cancelled) is left out of the model call and blocks
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 from typing import Callable, Generic, Sequence, TypeVar
@@ -56,6 +62,9 @@ class DynamicBatcher(Generic[Request, Result]):
         self.queued = 0  # instances admitted and not yet answered (waiting, collected or running)
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
+        # One thread of its own for the model calls: they run one at a time anyway, and the default
+        # executor's contextvars copy and thread pool bookkeeping are paid per batch for nothing.
+        self._model_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batch-worker")
 
     def _admit(self, size: int) -> None:
         # An empty batcher admits any one request, so that one larger than the bound is not refused
@@ -94,9 +103,21 @@ class DynamicBatcher(Generic[Request, Result]):
             if not pending.future.done():
                 return pending
 
+    def _take_queued(self, batch: list[_Pending], size: int) -> int:
+        """Adds to `batch` the live requests already queued while it holds under `max_batch_size`
+        instances (as `_collect` does, the last one may take it past); returns the batch's size."""
+        while size < self.max_batch_size and not self._queue.empty():
+            pending = self._queue.get_nowait()
+            if not pending.future.done():
+                batch.append(pending)
+                size += pending.size
+        return size
+
     async def _collect(self) -> list[_Pending]:
         batch = [await self._next_live(None)]
-        size = batch[0].size
+        size = self._take_queued(batch, batch[0].size)
+        if self.max_wait_seconds <= 0:
+            return batch
         deadline = asyncio.get_running_loop().time() + self.max_wait_seconds
         while size < self.max_batch_size:
             try:
@@ -121,7 +142,8 @@ class DynamicBatcher(Generic[Request, Result]):
         if not batch:
             return
         self.observe_batch(sum(p.size for p in batch))
-        results = await asyncio.to_thread(self.run, [p.request for p in batch])
+        results = await asyncio.get_running_loop().run_in_executor(
+            self._model_thread, self.run, [p.request for p in batch])
         if len(results) != len(batch):
             raise BatchFailed(f"the model returned {len(results)} results for {len(batch)} requests")
         for pending, result in zip(batch, results, strict=True):

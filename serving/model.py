@@ -23,7 +23,7 @@ from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from serving.batching import DynamicBatcher
-from serving.inputs import Batch, parse_v1, parse_v2, request_protocol
+from serving.inputs import Batch, decoded, parse_v1, parse_v2, request_protocol
 from serving.metrics import BATCH_SIZE, MODEL_VERSION, QUEUE_FULL, note_answered_by
 from serving.request_log import RequestLogger
 from serving.versions import VersionSet, load_state, wanted_state
@@ -99,7 +99,7 @@ class Prediction:
 
 class FashionMnistModel(Model):
     def __init__(self, name: str, base_path: Path, max_batch_size: int = 32,
-                 max_wait_seconds: float = 0.005, poll_seconds: float = 2.0,
+                 max_wait_seconds: float = 0.0, poll_seconds: float = 2.0,
                  request_logger: RequestLogger | None = None, log_payloads: bool = False,
                  max_queued_images: int = DEFAULT_MAX_QUEUED_IMAGES):
         """`base_path`: the directory whose committed numbered children are the versions."""
@@ -107,7 +107,7 @@ class FashionMnistModel(Model):
         self.base_path, self.poll_seconds = base_path, poll_seconds
         self.request_logger, self.log_payloads = request_logger, log_payloads
         self.versions: VersionSet[LoadedVersion] | None = None
-        self.batcher = DynamicBatcher(self._run_batches, len, max_batch_size, max_wait_seconds,
+        self.batcher = DynamicBatcher(self._decode_and_run, len, max_batch_size, max_wait_seconds,
                                       observe_batch=BATCH_SIZE.observe, max_queued=max_queued_images,
                                       on_queue_full=QUEUE_FULL.inc)
         self._stop = threading.Event()
@@ -162,6 +162,20 @@ class FashionMnistModel(Model):
     def get_output_types(self) -> list[dict]:
         return self.current.output_types() if self.current is not None else []
 
+    def _decode_and_run(self, batches: Sequence[Batch]) -> list[Prediction | Exception]:
+        """In the batch worker: each request's images checked and decoded (its InvalidInput is its
+        own result, a 400), then the model calls for the requests that passed."""
+        results: list[Batch | Prediction | Exception] = []
+        for batch in batches:
+            try:
+                results.append(decoded(batch))
+            except InvalidInput as error:
+                results.append(error)
+        ready = [i for i, result in enumerate(results) if isinstance(result, Batch)]
+        for i, prediction in zip(ready, self._run_batches([results[i] for i in ready]), strict=True):
+            results[i] = prediction
+        return results
+
     def _run_batches(self, batches: Sequence[Batch]) -> list[Prediction | Exception]:
         """One model call per kind of input for all waiting requests, split back per request. When a
         merged call fails, each of its requests is run alone, so that one bad request fails only
@@ -195,6 +209,8 @@ class FashionMnistModel(Model):
             raise
         if response_headers is not None:
             response_headers[VERSION_HEADER] = str(prediction.version)
+        if self.request_logger is None and not is_v2:  # no one reads its id: no uuid4 (a syscall)
+            return v1_response(prediction)
         request_id = ((payload.id if is_v2 else None) or (headers or {}).get("x-request-id")
                       or str(uuid.uuid4()))
         if self.request_logger is not None:

@@ -1,13 +1,14 @@
 """The model server: KServe's v1 and v2 protocols for the newest published version of a model.
 
     python -m serving.server (--model-repo REPO | --model-base-path DIR) --model-name fmnist
-        [--http-port 8080] [--grpc-port 8081] [--max-batch-size 32] [--max-batch-wait-ms 5]
+        [--http-port 8080] [--grpc-port 8081] [--max-batch-size 32] [--max-batch-wait-ms 0]
         [--max-queued-images 1024] [--log-file FILE | --log-url URL] [--log-grpc-only]
 
 Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService
 (there with `--model-base-path /mnt/models`, where KServe's storage initializer puts a release).
 The versions are the committed numbered directories under REPO/<model-name>/, or under DIR.
-Concurrent requests are batched; a newer version is served once loaded; bodies over
+Concurrent requests are batched (a request that finds the model idle runs at once, those that arrive
+while it is busy make up the next batch); a newer version is served once loaded; bodies over
 --max-body-bytes get a 413; past --max-queued-images waiting images a request gets a 503 with
 Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish.
 """
@@ -15,16 +16,27 @@ Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import email.message
+import json
 import re
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+import pydantic
+import uvloop
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, ORJSONResponse
 from kserve import ModelServer
+from kserve.constants.constants import PredictorProtocol
+from kserve.errors import ModelNotReady
 from kserve.model_server import app
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.rest.v2_datamodels import InferenceRequest, InferenceResponse
+from starlette.requests import Request
+from starlette.responses import Response
 from timing_asgi import TimingMiddleware
 
 from common import cli
@@ -40,6 +52,13 @@ RETRY_AFTER_SECONDS = 1
 VERSION_HEADER_BYTES = VERSION_HEADER.encode()  # ASGI header names are lower-case bytes
 INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/[^/]+:predict$"),
                    "v2": re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")}
+# The requests InferenceRoute answers itself: KServe's two inference routes, by their own path
+# patterns ({model_name} matches [^/]+ in Starlette).
+LEAN_PATHS = {"v1": re.compile(r"^/v1/models/(?P<model>[^/]+):predict$"),
+              "v2": re.compile(r"^/v2/models/(?P<model>[^/]+)/infer$")}
+# Set in a request's ASGI scope when it was refused for a full queue: counted once, in
+# dist_ml_queue_full_total, not also as a "not ready" error.
+QUEUE_FULL_SCOPE_KEY = "dist_ml.queue_full"
 
 
 def protocol_of(path: str) -> str | None:
@@ -83,7 +102,7 @@ class LimitAndMeasure:
             version = version or answered_by.get(VERSION_LABEL, "")
             REQUESTS.labels(protocol, str(status), version).inc()
             LATENCY.labels(protocol, str(status), version).observe(time.perf_counter() - started)
-            if kind := error_kind(status):
+            if (kind := error_kind(status)) and not scope.get(QUEUE_FULL_SCOPE_KEY):
                 ERRORS.labels(kind, version).inc()
 
     async def _body_within_limit(self, scope: dict, receive: Callable) -> tuple[Callable | None, int]:
@@ -110,12 +129,139 @@ class LimitAndMeasure:
         return replayed, size
 
 
+class InferenceRoute:
+    """KServe's v1 `:predict` and v2 `/infer` routes without FastAPI's routing and dependency
+    solving (~40% of the server's Python per request in an earlier profile): the same calls of
+    KServe's data plane as its V1Endpoints.predict and V2Endpoints.infer, and every error answered
+    by the application's own exception handlers (KServe's and ours), so statuses and bodies are
+    unchanged. A v2 body is parsed as FastAPI parses the route's `Union[InferenceRequest, bytes]`:
+    JSON content types into an InferenceRequest, any other into bytes for the data plane (the binary
+    tensor extension). Anything else (other paths and methods, model versions in the path, v2 bodies
+    without a content type) goes on to the application. Sits inside LimitAndMeasure (body limit,
+    metrics).
+    """
+
+    def __init__(self, app: Callable, dataplane: DataPlane, handlers: FastAPI):
+        self.app, self.dataplane, self.handlers = app, dataplane, handlers
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        route = lean_route(scope)
+        if route is None:
+            return await self.app(scope, receive, send)
+        protocol, model_name = route
+        body = await read_body(receive)
+        if body is None:  # the client went away before sending its body: no one to answer
+            return
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        try:
+            infer = self._predict_v1 if protocol == "v1" else self._infer_v2
+            response = await infer(model_name, body, headers)
+        except Exception as error:
+            response = await self._error_response(scope, error)
+        await response(scope, receive, send)
+
+    async def _ready_model(self, model_name: str) -> None:
+        if not await self.dataplane.model_ready(model_name, True):  # as KServe's routes: no
+            raise ModelNotReady(model_name)                         # predictor health check
+
+    async def _predict_v1(self, model_name: str, body: bytes, headers: dict[str, str]) -> Response:
+        """kserve.protocol.rest.v1_endpoints.V1Endpoints.predict, for one model's response."""
+        await self._ready_model(model_name)
+        request, attributes = self.dataplane.decode(body=body, headers=headers)
+        response, response_headers = await self.dataplane.infer(model_name=model_name, request=request,
+                                                               headers=headers)
+        response, encoded_headers = self.dataplane.encode(model_name=model_name, response=response,
+                                                          headers=headers, req_attributes=attributes)
+        response_headers.update(encoded_headers)
+        response_headers.pop("content-length", None)
+        if isinstance(response, (bytes, str)):
+            return Response(content=response, headers=response_headers)
+        return ORJSONResponse(content=response, headers=response_headers)
+
+    async def _infer_v2(self, model_name: str, body: bytes, headers: dict[str, str]) -> Response:
+        """kserve.protocol.rest.v2_endpoints.V2Endpoints.infer with FastAPI's parsing of its body."""
+        await self._ready_model(model_name)
+        request, _ = self.dataplane.decode(v2_body(body, headers["content-type"]), headers,
+                                           protocol_version=PredictorProtocol.REST_V2.value,
+                                           model_name=model_name)
+        response, response_headers = await self.dataplane.infer(model_name=model_name, request=request,
+                                                               headers=headers)
+        response, encoded_headers = self.dataplane.encode(model_name=model_name, response=response,
+                                                          headers=headers, req_attributes={})
+        response_headers.update(encoded_headers)
+        for name in ("content-length", "content-type"):
+            response_headers.pop(name, None)
+        if isinstance(response, bytes):  # binary outputs, as KServe's route sends them
+            return Response(content=response, headers=response_headers)
+        return Response(InferenceResponse.model_validate(response).model_dump_json(),
+                        media_type="application/json", headers=response_headers)
+
+    async def _error_response(self, scope: dict, error: Exception) -> Response:
+        """The response of the application's handler for `error`'s class or its nearest base."""
+        handler = next(self.handlers.exception_handlers[cls] for cls in type(error).__mro__
+                       if cls in self.handlers.exception_handlers)
+        return await handler(Request(scope), error)
+
+
+def lean_route(scope: dict) -> tuple[str, str] | None:
+    """(protocol, model name) of a request InferenceRoute answers, else None."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    for protocol, pattern in LEAN_PATHS.items():
+        if match := pattern.match(scope["path"]):
+            if protocol == "v2" and b"content-type" not in dict(scope["headers"]):
+                return None  # FastAPI's reading of such a body depends on its strictness setting
+            return protocol, match["model"]
+    return None
+
+
+def is_json(content_type: str) -> bool:
+    """FastAPI's own test of a JSON body: application/json or application/*+json."""
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json"
+                                                                or subtype.endswith("+json"))
+
+
+async def read_body(receive: Callable) -> bytes | None:
+    """The whole request body; None if the client disconnected first."""
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def v2_body(body: bytes, content_type: str) -> InferenceRequest | bytes:
+    """FastAPI's parsing of a body into the v2 route's `Union[InferenceRequest, bytes]`, and its
+    errors (a RequestValidationError, a 422): a JSON body into an InferenceRequest, any other as is."""
+    if not body:
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required",
+                                       "input": None}])
+    if not is_json(content_type):
+        return body
+    try:
+        return InferenceRequest.model_validate(json.loads(body))
+    except json.JSONDecodeError as error:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", error.pos),
+                                       "msg": "JSON decode error", "input": {},
+                                       "ctx": {"error": error.msg}}]) from None
+    except pydantic.ValidationError as error:
+        raise RequestValidationError([{**problem, "loc": ("body", *problem["loc"])}
+                                      for problem in error.errors()]) from None
+
+
 def too_large(size: int, max_body_bytes: int) -> JSONResponse:
     return JSONResponse({"error": f"request body of {size} bytes is over the limit of "
                                   f"{max_body_bytes} bytes"}, status_code=413)
 
 
-async def queue_full_handler(_request: object, error: QueueFull) -> JSONResponse:
+async def queue_full_handler(request: Request, error: QueueFull) -> JSONResponse:
+    request.scope[QUEUE_FULL_SCOPE_KEY] = True
     return JSONResponse({"error": str(error)}, status_code=503,
                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
@@ -161,7 +307,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--http-port", type=int, default=8080)
     parser.add_argument("--grpc-port", type=int, default=8081, help="0 turns gRPC off")
     parser.add_argument("--max-batch-size", type=cli.positive_int, default=32)
-    parser.add_argument("--max-batch-wait-ms", type=cli.non_negative_float, default=5.0)
+    parser.add_argument("--max-batch-wait-ms", type=cli.non_negative_float, default=0.0,
+                        help="how long a batch may wait for more requests before it runs (default 0: "
+                             "a request that finds the model idle runs at once; those that arrive "
+                             "while it is busy make up the next batch)")
     parser.add_argument("--poll-seconds", type=cli.positive_float, default=2.0,
                         help="how often to look for a newer version")
     parser.add_argument("--max-body-bytes", type=cli.positive_int, default=DEFAULT_MAX_BODY_BYTES)
@@ -197,13 +346,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                               args.max_batch_wait_ms / 1000, args.poll_seconds,
                               request_logger(args), args.log_payloads, args.max_queued_images)
     model.load()
-    app.add_middleware(LimitAndMeasure, max_body_bytes=args.max_body_bytes)
+    # KServe's per-request latency log lines are off: dist_ml_request_seconds measures the same.
+    server = with_strict_dataplane(ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
+                                               enable_grpc=args.grpc_port != 0, workers=1,
+                                               enable_latency_logging=False))
+    app.add_middleware(InferenceRoute, dataplane=server.dataplane, handlers=app)
+    app.add_middleware(LimitAndMeasure, max_body_bytes=args.max_body_bytes)  # outside InferenceRoute
     add_error_handlers(app)
     without_kserve_timing(app)
-    # KServe's per-request latency log lines are off: dist_ml_request_seconds measures the same.
-    with_strict_dataplane(ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
-                                      enable_grpc=args.grpc_port != 0, workers=1,
-                                      enable_latency_logging=False)).start([model])
+    # KServe's --event_loop "auto" means uvloop, but with one worker ModelServer.start runs
+    # asyncio.run on the default policy's loop (kserve 0.20.0 model_server.py): uvloop is installed
+    # here, and a current loop set for ModelServer.setup_event_loop's get_event_loop (which uvloop's
+    # policy, unlike asyncio's, does not create).
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    server.start([model])
 
 
 if __name__ == "__main__":

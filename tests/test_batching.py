@@ -177,3 +177,37 @@ def test_the_worker_is_restarted_if_it_died():
         return await asyncio.wait_for(batcher.submit(2), 2)
 
     assert asyncio.run(main()) == 2
+
+
+def test_a_request_that_finds_the_model_idle_runs_at_once_and_those_queued_meanwhile_run_together():
+    calls: list[tuple[float, list[int]]] = []
+
+    def run(requests):
+        calls.append((time.perf_counter(), list(requests)))
+        time.sleep(0.2)  # the model is busy: the next requests queue
+        return list(requests)
+
+    batcher = DynamicBatcher(run, size_of=lambda r: 1, max_batch_size=32, max_wait_seconds=0)
+
+    async def main():
+        started = time.perf_counter()
+        first = asyncio.ensure_future(batcher.submit(0))
+        await asyncio.sleep(0.05)  # the first request is in the model now
+        rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 6)]
+        return started, await first, await asyncio.gather(*rest)
+
+    started, first, rest = asyncio.run(main())
+    assert (first, rest) == (0, [1, 2, 3, 4, 5])
+    assert [requests for _, requests in calls] == [[0], [1, 2, 3, 4, 5]]
+    assert calls[0][0] - started < 0.05  # not held open for others: the model was idle
+
+
+def test_requests_queued_while_the_model_is_busy_are_split_at_the_batch_size():
+    calls: list[list[int]] = []
+    batcher = DynamicBatcher(doubling(calls), size_of=lambda r: 1, max_batch_size=4, max_wait_seconds=0)
+
+    async def main():
+        return await asyncio.gather(*[batcher.submit(i) for i in range(9)])
+
+    assert asyncio.run(main()) == [i * 2 for i in range(9)]
+    assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]

@@ -223,6 +223,40 @@ def test_an_invalid_v2_body_holding_nan_or_infinity_is_a_422(server, body):
     assert response.json()["error"].startswith("invalid request: ")
 
 
+@pytest.mark.parametrize("method, path, body, headers, status, error", [
+    ("POST", "/v1/models/nope:predict", b'{"instances": [[0]]}', {}, 404, "nope does not exist"),
+    ("POST", "/v2/models/nope/infer", b'{"inputs": []}', {"content-type": "application/json"}, 404,
+     "nope does not exist"),
+    ("POST", f"/v1/models/{MODEL}:predict", b"{not json", {}, 400, "Unrecognized request format"),
+    ("POST", f"/v2/models/{MODEL}/infer", b"{not json", {"content-type": "application/json"}, 422,
+     "invalid request: body.1: JSON decode error"),
+    ("POST", f"/v2/models/{MODEL}/infer", b'{"inputs": 3}', {"content-type": "application/json"}, 422,
+     "invalid request: body.inputs"),
+    # not answered by the lean route: KServe's own routes and answers
+    ("POST", f"/v2/models/{MODEL}/versions/1/infer", b'{"inputs": []}',
+     {"content-type": "application/json"}, 501, "not supported"),
+    ("GET", f"/v1/models/{MODEL}:predict", b"", {}, 404, f"{MODEL}:predict does not exist"),
+])
+def test_the_inference_routes_answer_as_kserves_own(server, method, path, body, headers, status, error):
+    url, _ = server
+    counted = f'dist_ml_requests_total{{protocol="{path[1:3]}",status="{status}"}}'
+    before = metric(url, counted)
+    response = requests.request(method, url + path, data=body, headers=headers)
+    assert response.status_code == status, response.text
+    if error is not None:
+        assert error in response.json()["error"]
+    if method == "POST":
+        assert metric(url, counted) == before + 1
+
+
+def test_both_protocols_answer_with_the_version(server, image_dir):
+    url, _ = server
+    for protocol in ("v1", "v2"):
+        path, body = png_body(image_dir, protocol)
+        response = requests.post(url + path, json=body)
+        assert response.status_code == 200 and response.headers["x-model-version"] == "1", response.text
+
+
 def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir):
     url, _ = server
     path, body = png_body(image_dir, "v2")
@@ -380,10 +414,15 @@ def slow_batch_server(published_repo: Path, tmp_path_factory: pytest.TempPathFac
         yield url
 
 
-def queue_full_count(url: str) -> float:
+def metric(url: str, sample: str) -> float:
+    """The value of one sample (name and labels) of the server's /metrics, 0 when absent."""
     metrics = requests.get(f"{url}/metrics").text
-    match = re.search(r"^dist_ml_queue_full_total (\S+)$", metrics, re.MULTILINE)
+    match = re.search(rf"^{re.escape(sample)} (\S+)$", metrics, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+def queue_full_count(url: str) -> float:
+    return metric(url, "dist_ml_queue_full_total")
 
 
 def post_in_background(url: str, path: str, body: dict) -> tuple[threading.Thread, dict]:
@@ -398,6 +437,7 @@ def test_a_full_queue_is_a_503_with_retry_after_counted_in_metrics(slow_batch_se
     url = slow_batch_server
     path, body = png_body(image_dir)
     before = queue_full_count(url)
+    not_ready_before = metric(url, 'dist_ml_errors_total{kind="not_ready"}')
     first, result = post_in_background(url, path, body)
     time.sleep(0.5)  # the first image now waits in the batcher for its batch to fill
     started = time.perf_counter()
@@ -409,6 +449,8 @@ def test_a_full_queue_is_a_503_with_retry_after_counted_in_metrics(slow_batch_se
     assert refused_in < 1.0  # refused at once, not after waiting for the batch
     assert result["response"].status_code == 200
     assert queue_full_count(url) == before + 1
+    # counted once: a full queue is not the model being "not ready"
+    assert metric(url, 'dist_ml_errors_total{kind="not_ready"}') == not_ready_before
     assert requests.post(url + path, json=body, timeout=30).status_code == 200
 
 
