@@ -217,7 +217,8 @@ class ServingConfig(WithResources):
     scale_target: WholeNumber = Field(
         80, ge=1, description="autoscaling target per replica (percent of the request)")
     max_batch_size: WholeNumber = Field(32, ge=1, description="our server's dynamic batch limit")
-    max_batch_wait_ms: Number = Field(5.0, ge=0, description="our server's dynamic batch wait (ms)")
+    max_batch_wait_ms: Number = Field(
+        0.0, ge=0, description="how long our server holds an idle model's batch open for more requests (ms)")
     http_port: WholeNumber = Field(8080, ge=1, le=65535, description="the local server's port with --serve")
     resources: Resources = Field(
         DEFAULT_SERVING_RESOURCES, description="requests and limits per predictor replica")

@@ -39,11 +39,12 @@ def status_of(error: Exception) -> int:
                 INTERNAL_ERROR_STATUS)
 
 
-def observe_grpc(status: int, seconds: float, version: str) -> None:
-    """`version`: the served version that answered, as for HTTP requests ("" if none was chosen)."""
+def observe_grpc(status: int, seconds: float, version: str, queue_full: bool = False) -> None:
+    """`version`: the served version that answered, as for HTTP requests ("" if none was chosen). A
+    full queue is counted once, in dist_ml_queue_full_total, not also as a "not ready" error."""
     REQUESTS.labels("grpc", str(status), version).inc()
     LATENCY.labels("grpc", str(status), version).observe(seconds)
-    if kind := error_kind(status):
+    if (kind := error_kind(status)) and not queue_full:
         ERRORS.labels(kind, version).inc()
 
 
@@ -57,7 +58,7 @@ class StrictDataPlane(DataPlane):
                     headers: Dict[str, str] | None = None) -> tuple:
         if not (isinstance(request, InferRequest) and request.from_grpc):
             return await super().infer(model_name, request, headers)
-        started, status, answered_by = time.perf_counter(), INTERNAL_ERROR_STATUS, {}
+        started, status, answered_by, queue_full = time.perf_counter(), INTERNAL_ERROR_STATUS, {}, False
         ANSWERED_BY.set(answered_by)  # the model notes which version failed a request
         try:
             result = await super().infer(model_name, request, headers)
@@ -65,12 +66,13 @@ class StrictDataPlane(DataPlane):
             answered_by[VERSION_LABEL] = str(result[0].model_version or "")
             return result
         except Exception as error:
-            status = status_of(error)
-            if isinstance(error, QueueFull):
+            status, queue_full = status_of(error), isinstance(error, QueueFull)
+            if queue_full:
                 raise ResourceExhausted(str(error)) from None
             raise
         finally:
-            observe_grpc(status, time.perf_counter() - started, answered_by.get(VERSION_LABEL, ""))
+            version = answered_by.get(VERSION_LABEL, "")
+            observe_grpc(status, time.perf_counter() - started, version, queue_full)
 
 
 def with_strict_dataplane(server: ModelServer) -> ModelServer:

@@ -569,6 +569,12 @@ def grpc_request_counts(url: str) -> dict[str, float]:
     }
 
 
+def metric_total(url: str, name: str, **labels: str) -> float:
+    metrics = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
+
+
 def grpc_answering_versions(url: str) -> set[str]:
     metrics = requests.get(f"{url}/metrics", timeout=10).text
     return {sample.labels["version"] for family in text_string_to_metric_families(metrics)
@@ -639,3 +645,6 @@ def test_a_full_queue_is_resource_exhausted_over_grpc_and_counted_as_a_503(slow_
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
     assert "retry" in refused.value.details()
     assert grpc_request_counts(url).get("503") == 1
+    # Counted once, as a full queue, not also as a "not ready" error.
+    assert metric_total(url, "dist_ml_queue_full_total") == 1
+    assert metric_total(url, "dist_ml_errors_total", kind="not_ready") == 0
