@@ -271,11 +271,13 @@ class LocalRun:
     # Results -----------------------------------------------------------------------------------
 
     def selection(self) -> tuple[dict, Path]:
-        """This run's selection (published or kept back by the promotion gate), and the version served
-        before this run's canary: rollout.json's stable one, else the latest published."""
+        """This run's selection (published or kept back by the promotion gate), and its version: the
+        one published, else the one served (rollout.json's stable one, else the latest published)."""
         model_dir = Path(self.layout.models) / self.config.model_name
-        version = model_repository.served_version(Path(self.layout.models), self.config.model_name)
-        return json.loads((model_dir / LAST_SELECTION_FILE).read_text()), self.version_dir(version)
+        selection = json.loads((model_dir / LAST_SELECTION_FILE).read_text())
+        version = selection["version"] or model_repository.served_version(Path(self.layout.models),
+                                                                           self.config.model_name)
+        return selection, self.version_dir(version)
 
     def published_now(self, selection: dict) -> int | None:
         """The version this run's selection published; None when it was kept back or memoized (a
