@@ -251,7 +251,8 @@ class LocalRun:
         self.start(step, attempt.number + 1)
 
     def run(self) -> None:
-        self.print(f"pipeline: {len(self.steps) + 1 + len(self.against_server)} steps, logs in {self.log_dir}")
+        steps = len(self.steps) + 1 + len(self.against_server)  # and the served step
+        self.print(f"pipeline: {steps} steps, logs in {self.log_dir}")
         parallelism = self.config.parallelism or len(self.steps)
         try:
             while len(self.outcomes) < len(self.steps):
