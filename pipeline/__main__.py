@@ -62,13 +62,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run.add_argument("--rollout", choices=[forced.value for forced in Forced],
                      help="decide the canary this way whatever its evidence (tests, demos)")
     run.add_argument("--serve", action="store_true", help="keep serving in the foreground until Ctrl-C")
-    for name, verb in (("promote", "give the canary all traffic"),
-                       ("rollback", "drop the canary, or serve an earlier version")):
-        settle = commands.add_parser(name, help=f"{verb} (local engine)")
+    promote = commands.add_parser("promote", help="give the local canary all traffic")
+    rollback = commands.add_parser("rollback", help="drop the local canary, or serve an earlier version")
+    for settle in (promote, rollback):
         settle.add_argument("--config", type=Path)
         settle.add_argument("--storage-root", help="the local engine's directory (pipeline.storageRoot)")
-    settle.add_argument("--to-version", type=cli.positive_int,
-                        help="without a canary: the version to serve (default: the one before)")
+    rollback.add_argument("--to-version", type=cli.positive_int,
+                          help="without a canary: the version to serve (default: the one before)")
     render = commands.add_parser("render", help="write the Argo WorkflowTemplate and Workflow")
     render.add_argument("--config", type=Path)
     render.add_argument("--out", type=Path, required=True)

@@ -251,7 +251,8 @@ class LocalRun:
         self.start(step, attempt.number + 1)
 
     def run(self) -> None:
-        self.print(f"pipeline: {len(self.steps) + 1} steps, logs in {self.log_dir}")
+        steps = len(self.steps) + 1 + len(self.against_server)  # and the served step
+        self.print(f"pipeline: {steps} steps, logs in {self.log_dir}")
         parallelism = self.config.parallelism or len(self.steps)
         try:
             while len(self.outcomes) < len(self.steps):
@@ -271,11 +272,13 @@ class LocalRun:
     # Results -----------------------------------------------------------------------------------
 
     def selection(self) -> tuple[dict, Path]:
-        """This run's selection (published or kept back by the promotion gate), and the version served
-        before this run's canary: rollout.json's stable one, else the latest published."""
+        """This run's selection (published or kept back by the promotion gate), and its version: the
+        one published, else the one served (rollout.json's stable one, else the latest published)."""
         model_dir = Path(self.layout.models) / self.config.model_name
-        version = model_repository.served_version(Path(self.layout.models), self.config.model_name)
-        return json.loads((model_dir / LAST_SELECTION_FILE).read_text()), self.version_dir(version)
+        selection = json.loads((model_dir / LAST_SELECTION_FILE).read_text())
+        version = selection["version"] or model_repository.served_version(Path(self.layout.models),
+                                                                           self.config.model_name)
+        return selection, self.version_dir(version)
 
     def published_now(self, selection: dict) -> int | None:
         """The version this run's selection published; None when it was kept back or memoized (a

@@ -79,7 +79,7 @@ def starting_state(base: Path, published: int | None, canary_percent: int) -> Ro
     return RolloutState(before, published, canary_percent)
 
 
-def test_images(data_dir: Path, count: int = TRAFFIC_IMAGES) -> list[bytes]:
+def traffic_images(data_dir: Path, count: int = TRAFFIC_IMAGES) -> list[bytes]:
     """The first `count` held-out test images as PNG bytes, what a client would send."""
     images = []
     for pixels in load_split(data_dir, "test").images[:count]:
@@ -90,8 +90,12 @@ def test_images(data_dir: Path, count: int = TRAFFIC_IMAGES) -> list[bytes]:
 
 
 def read_evidence(url: str, session: requests.Session) -> dict[str, Evidence]:
-    response = session.get(f"{url.rstrip('/')}/metrics", timeout=METRICS_TIMEOUT_SECONDS)
-    response.raise_for_status()
+    """The server's evidence per version; a server that does not answer is a client.ServerError."""
+    try:
+        response = session.get(f"{url.rstrip('/')}/metrics", timeout=METRICS_TIMEOUT_SECONDS)
+        response.raise_for_status()
+    except requests.RequestException as error:
+        raise client.ServerError(f"{url}/metrics: {error}") from None
     return evidence_by_version(response.text)
 
 
@@ -115,6 +119,8 @@ def send_traffic(url: str, model_name: str, state: RolloutState, images: Sequenc
     sent = 0
     while True:
         for _ in range(REQUESTS_PER_CHECK):
+            if clock() - started >= max_wait_seconds:
+                break
             try:
                 client.predict([images[sent % len(images)]], url=url, model_name=model_name,
                                session=session)
@@ -171,7 +177,7 @@ def run_canary(config: PipelineConfig, url: str, data_dir: Path, forced: Forced 
     state = model_repository.read_rollout(base)
     if state is None or state.canary is None:
         return None
-    observed = send_traffic(url, config.model_name, state, test_images(data_dir),
+    observed = send_traffic(url, config.model_name, state, traffic_images(data_dir),
                             config.rollout.min_requests, config.rollout.max_wait_seconds)
     decision = forced_decision(decide(observed.stable, observed.canary, policy(config)), forced)
     settle(base, state, decision.promote)

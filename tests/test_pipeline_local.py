@@ -1,9 +1,11 @@
-"""The local engine end to end on the sample: publish and serve, memoize, retry a lost worker,
-stop every child on Ctrl-C or SIGTERM, however the process was started."""
+"""The local engine end to end on the sample: publish and serve, memoize, a new version's canary and
+its forced rollback, retry a lost worker, stop every child on Ctrl-C or SIGTERM, however the process
+was started."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import socket
@@ -87,6 +89,7 @@ def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_di
                      r"-> \w[\w -]* \(\d+\.\d%\)", first.stdout)
     assert (root / "models" / "fmnist" / "1" / "saved_model.pb").is_file()
     assert len(list(root.glob("logs/*/train-cnn/worker-*.log"))) == 2
+    assert re.search(r"\] rollout: no canary$", first.stdout, re.MULTILINE)  # the first version
 
     second = run_module("pipeline", *args)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
@@ -95,7 +98,11 @@ def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_di
     assert "published: fmnist version 1" in second.stdout  # nothing changed, nothing re-published
     assert "serve: ready" in second.stdout
 
-    changed = run_module("pipeline", *args[:-2], "--epochs", "1")
+    # A small canary, so that its decision comes after a few dozen requests; forced to roll back.
+    config = tmp_path / "rollout.yaml"
+    config.write_text("pipeline:\n  rollout: {canaryPercent: 50, minRequests: 20, maxWait: 60s}\n")
+    changed = run_module("pipeline", *args[:-2], "--epochs", "1", "--config", str(config),
+                         "--rollout", "rollback")
     assert changed.returncode == 0, changed.stderr[-3000:]
     assert "ingest: memoized" in changed.stdout and "train-cnn: finished" in changed.stdout
     # Retrained and selected again; the promotion gate decides on validation data whether the new
@@ -104,6 +111,18 @@ def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_di
                          changed.stdout, re.MULTILINE)
     assert decision, changed.stdout[-3000:]
     assert "serve: ready" in changed.stdout
+    if decision.group(1).startswith("published"):  # version 2 went through its canary
+        assert "canary: version 2 takes 50% of requests, version 1 the rest" in changed.stdout
+        assert re.search(r"\] rollout: rolled back version 2, version 1 stays: forced rollback .*"
+                         r"\[canary (2\d|[3-9]\d|\d{3,}) requests, 0 errors, mean [0-9.]+ ms; stable \d+ "
+                         r"requests", changed.stdout), changed.stdout[-3000:]
+        history = json.loads((root / "models" / "fmnist" / "rollout-history.json").read_text())
+        assert history[-1]["decision"] == "rollback" and history[-1]["canary"]["requests"] >= 20
+    else:
+        assert re.search(r"\] rollout: no canary$", changed.stdout, re.MULTILINE)
+    # Either way version 1 is served and version 2, if published, stays on disk.
+    rollout = json.loads((root / "models" / "fmnist" / "rollout.json").read_text())
+    assert rollout == {"stable": 1, "canary": None, "canaryPercent": 0}
 
 
 def test_a_killed_worker_restarts_the_step_which_resumes_and_completes(sample_dir, tmp_path):

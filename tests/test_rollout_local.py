@@ -15,6 +15,7 @@ import pytest
 import requests
 from conftest import last_line, run_module
 
+from common.ports import free_ports
 from pipeline.config import parse_config
 from pipeline.local_rollout import (
     HISTORY_FILE,
@@ -23,11 +24,12 @@ from pipeline.local_rollout import (
     by_hand,
     model_base,
     run_canary,
+    send_traffic,
     starting_state,
     summary,
+    traffic_images,
 )
-from pipeline.local_rollout import test_images as traffic_images
-from serving.client import inference_request
+from serving.client import ServerError, inference_request
 from serving.model import VERSION_HEADER
 from serving.process import model_server
 from trainer import atomic, model_repository
@@ -210,3 +212,9 @@ def test_a_broken_rollout_state_is_a_one_line_error(repo_root):
     assert result.returncode == 2 and "rollout.json: not a rollout state" in last_line(result.stderr)
     with pytest.raises(RolloutError):
         by_hand(repo_root / "models" / "other", promote=True)
+
+
+def test_a_server_that_does_not_answer_fails_the_step_in_one_line():
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+    with pytest.raises(ServerError, match=rf"^{url}/metrics: "):
+        send_traffic(url, MODEL, RolloutState(1, 2, 50), [b"image"], min_requests=1, max_wait_seconds=1)

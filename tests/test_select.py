@@ -246,3 +246,18 @@ def test_cli_refuses_a_margin_outside_0_to_1(two_worker_export, data_dir, tmp_pa
     assert last_line(result.stderr) == ("select: error: --min-improvement: must be a number from 0 to 1, "
                                         "got 1.5")
     assert not (tmp_path / "models").exists()
+
+
+def test_after_a_rollback_the_gate_compares_with_the_served_version_not_the_newest(
+        two_worker_export, constant_export, data_dir, tmp_path):
+    repo = tmp_path / "models"
+    select_and_publish([two_worker_export], data_dir, repo, "fmnist")
+    model_repository.publish(constant_export, repo, "fmnist")  # version 2, worse, then rolled back:
+    model_repository.write_rollout(repo / "fmnist", model_repository.RolloutState(1))
+
+    # The same model as version 1 with a positive margin: not better than the served version 1,
+    # though far better than the newest version 2.
+    kept = select_and_publish([two_worker_export], data_dir, repo, "fmnist", min_improvement=0.001)
+
+    assert kept["promotion"]["served_version"] == 1
+    assert kept["version"] is None and not kept["promotion"]["promoted"]

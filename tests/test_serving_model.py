@@ -3,14 +3,18 @@ are picked up, concurrent requests are batched."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
+import dataclasses
 import gc
 import io
+import random
 import shutil
 import struct
 import time
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +32,9 @@ from kserve.model_server import app  # noqa: E402
 from kserve.protocol.rest.server import RESTServer  # noqa: E402
 
 from serving.inputs import Batch  # noqa: E402
+from serving.metrics import ANSWERED_BY  # noqa: E402
 from serving.model import VERSION_HEADER, FashionMnistModel  # noqa: E402
+from serving.versions import VersionSet  # noqa: E402
 
 MODEL = "fmnist"
 
@@ -298,3 +304,80 @@ def test_v2_metadata_describes_the_signatures_inputs_and_outputs(served, publish
     assert {t["name"]: (t["datatype"], t["shape"]) for t in metadata["outputs"]} == signature_outputs
     assert signature_inputs == {"image_bytes": ("BYTES", [-1]), "pixels": ("FP32", [-1, 28, 28, 1])}
     assert signature_outputs["probabilities"] == ("FP32", [-1, 10])
+
+
+# --- two versions: the rollout state's stable version and canary ---------------------------------
+
+SPLIT_SEED = 14
+
+
+class FailingVersion:
+    """A loaded version whose every model call fails, as a broken canary's would."""
+    number = 99
+
+    def predict(self, batch: Batch) -> dict:
+        raise RuntimeError("this version is broken")
+
+
+@pytest.fixture(scope="module")
+def canary_base(published_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A base path with versions 1 and 2 (the same model), 2 the canary at 50%."""
+    base = tmp_path_factory.mktemp("canary") / MODEL
+    shutil.copytree(published_repo / MODEL / "1", base / "1")
+    model_repository.publish(base / "1", base.parent, MODEL)
+    model_repository.write_rollout(base, model_repository.RolloutState(1, 2, 50))
+    return base
+
+
+def predict_each(model: FashionMnistModel, body: dict, count: int) -> list[tuple[dict, dict]]:
+    """`count` requests one after another: (response body, response headers) each."""
+    async def requests() -> list[tuple[dict, dict]]:
+        answers = []
+        for _ in range(count):
+            headers: dict[str, str] = {}
+            answers.append((await model.predict(body, response_headers=headers), headers))
+        return answers
+    return asyncio.run(requests())
+
+
+def test_two_versions_under_a_50_percent_split_answer_400_requests_40_to_60_percent(canary_base, images):
+    model = FashionMnistModel(MODEL, canary_base, max_wait_seconds=0.0)
+    assert model.refresh() and model.versions.state == model_repository.RolloutState(1, 2, 50)
+    model.versions = dataclasses.replace(model.versions, draw=random.Random(SPLIT_SEED).random)
+    body = {"instances": [{"image_bytes": {"b64": base64.b64encode(png(images.images[0])).decode()}}]}
+    answers = predict_each(model, body, 400)
+    by_header = Counter(headers[VERSION_HEADER] for _, headers in answers)
+    assert set(by_header) == {"1", "2"} and 0.40 <= by_header["2"] / 400 <= 0.60
+    assert all(str(body["model_version"]) == headers[VERSION_HEADER] for body, headers in answers)
+    assert model.current.number == 1  # metadata and MODEL_VERSION describe the stable version
+
+
+def test_the_watcher_follows_the_rollout_state_and_keeps_what_is_loaded(canary_base):
+    model = FashionMnistModel(MODEL, canary_base)
+    model.refresh()
+    canary = model.versions.loaded[2]
+    model_repository.write_rollout(canary_base, model_repository.RolloutState(2))
+    assert model.refresh() and model.versions.state == model_repository.RolloutState(2)
+    assert model.versions.loaded == {2: canary}  # promoted without loading it again
+    model_repository.write_rollout(canary_base, model_repository.RolloutState(1, 3, 10))
+    with pytest.raises(ValueError, match="names version 3, which is not a committed version"):
+        model.refresh()  # the watcher logs it and goes on serving version 2
+    assert model.versions.state == model_repository.RolloutState(2)
+    model_repository.write_rollout(canary_base, model_repository.RolloutState(1, 2, 50))
+
+
+def test_a_failed_request_is_counted_against_the_version_that_failed_it(canary_base, images):
+    model = FashionMnistModel(MODEL, canary_base, max_wait_seconds=0.0)
+    model.refresh()
+    model.versions = VersionSet(model_repository.RolloutState(1, 99, 100),
+                                {1: model.current, 99: FailingVersion()})
+    body = {"instances": [{"image_bytes": {"b64": base64.b64encode(png(images.images[0])).decode()}}]}
+
+    async def request_noting_its_version() -> dict:
+        answered_by: dict[str, str] = {}
+        ANSWERED_BY.set(answered_by)  # as the server's middleware does per request
+        with pytest.raises(RuntimeError, match="this version is broken"):
+            await model.predict(body, response_headers={})
+        return answered_by
+
+    assert asyncio.run(request_noting_its_version()) == {"version": "99"}

@@ -9,6 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from serving.versions import VersionSet, load_state, wanted_state
 from trainer import atomic, model_repository
@@ -51,7 +53,10 @@ def test_a_rollout_state_naming_an_uncommitted_version_is_refused(tmp_path):
     ("{", "JSONDecodeError"),
     ('{"canary": 2}', "KeyError: 'stable'"),
     ('{"stable": 0}', "0 is not a version number"),
-    ('{"stable": "1"}', "'1' is not a version number"),
+    ('{"stable": "1"}', "version '1' is not a whole number"),
+    ('{"stable": 1, "canary": 2, "canaryPercent": 12.5}', "canaryPercent 12.5 is not a whole number"),
+    ('{"stable": 1, "canary": 2, "canaryPercent": true}', "canaryPercent True is not a whole number"),
+    ('[1]', "ValueError: not a JSON object"),
     ('{"stable": 1, "canary": 1, "canaryPercent": 10}', "the canary is the stable version 1"),
     ('{"stable": 1, "canary": 2, "canaryPercent": 101}', "canaryPercent 101 is not within 0-100"),
 ])
@@ -91,3 +96,26 @@ def test_loading_a_new_state_reuses_the_versions_already_loaded():
     after = load_state(RolloutState(2), before, load)
     assert loads == [1, 2]
     assert after.stable == "v2" and after.loaded == {2: "v2"}
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-5, 200) | st.floats(allow_nan=False)
+                           | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.sampled_from(["stable", "canary", "canaryPercent", "x"]),
+                                             inner, max_size=4),
+                           max_leaves=8)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(JSON_VALUES.map(json.dumps), st.text(max_size=30)))
+def test_any_file_is_a_rollout_state_or_a_rollout_error(tmp_path, text):
+    (tmp_path / "rollout.json").write_text(text)
+    try:
+        state = model_repository.read_rollout(tmp_path)
+    except RolloutError as error:
+        assert "\n" not in str(error)
+        return
+    assert state.stable >= 1 and 0 <= state.canary_percent <= 100
+    assert model_repository.read_rollout(tmp_path) == state
+    model_repository.write_rollout(tmp_path, state)  # written back, it reads the same
+    assert model_repository.read_rollout(tmp_path) == state

@@ -161,15 +161,23 @@ def read_rollout(base: Path) -> RolloutState | None:
         return None
     try:
         record = json.loads(text)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
         canary = record.get("canary")
         return RolloutState(_version(record["stable"]), None if canary is None else _version(canary),
-                            int(record.get("canaryPercent", 0)))
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+                            _whole_number(record.get("canaryPercent", 0), "canaryPercent"))
+    except (ValueError, KeyError) as error:
         raise RolloutError(f"{path}: not a rollout state ({type(error).__name__}: {error})") from None
 
 
+def _whole_number(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    return value
+
+
 def _version(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if _whole_number(value, "version") < 1:
         raise ValueError(f"{value!r} is not a version number")
     return value
 

@@ -6,7 +6,8 @@ beats the served one.
         [--min-improvement 0.0]
 
 The winner has the highest test accuracy (ties: lower loss). The promotion gate then compares it
-with the served version (the latest committed one in REPO, if any) on the held-out validation
+with the served version (model_repository.served_version: the stable one of rollout.json, else the
+latest committed one in REPO, if any) on the held-out validation
 images (trainer.data.split_validation: the same images the trainer held out): the winner is
 published only if its validation accuracy is at least the served one's plus --min-improvement
 (0, the default, means "not worse"). With no served version it is published (the first version).
