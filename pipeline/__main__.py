@@ -100,7 +100,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         raise cli.UsageError(f"config: {error}") from None
     if args.command == "render":
-        for path in argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version)):
+        try:  # settings that only the cluster refuses (a canary with TF Serving's runtime)
+            written = argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version))
+        except ConfigError as error:
+            raise cli.UsageError(f"config: {error}") from None
+        for path in written:
             print(f"render: wrote {path}")
         return
     if args.command in ("promote", "rollback"):

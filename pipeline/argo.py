@@ -41,6 +41,7 @@ from pipeline.definition import (
     build_steps,
     ingest_memo_key,
     require_handlers,
+    rollout_flags,
 )
 from pipeline.manifests import (
     PART_OF,
@@ -169,10 +170,7 @@ def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) 
         "container": rollout_container(config, target, [
             "decide", "--namespace", "{{workflow.namespace}}", "--model-name", config.model_name,
             "--version", f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}",
-            "--min-requests", str(policy.min_requests),
-            "--max-wait-seconds", str(policy.max_wait_seconds),
-            "--max-error-rate-increase", str(policy.max_error_rate_increase),
-            "--max-latency-ratio", str(policy.max_latency_ratio),
+            *rollout_flags(config),
             "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
             "--decision-file", DECISION_FILE]),
         "outputs": {"parameters": [{"name": DECISION_PARAMETER, "valueFrom": {"path": DECISION_FILE}}]},

@@ -162,9 +162,9 @@ def serve_args(config: PipelineConfig, model_repo: str) -> list[str]:
 
 
 def rollout_flags(config: PipelineConfig) -> list[str]:
-    """The canary's policy (`pipeline.rollout`) as the rollout step's flags."""
+    """The canary's decision policy (`pipeline.rollout`) as flags of `serving.rollout decide`."""
     rollout = config.rollout
-    return ["--canary-percent", str(rollout.canary_percent), "--min-requests", str(rollout.min_requests),
+    return ["--min-requests", str(rollout.min_requests),
             "--max-wait-seconds", str(rollout.max_wait_seconds),
             "--max-error-rate-increase", f"{rollout.max_error_rate_increase:g}",
             "--max-latency-ratio", f"{rollout.max_latency_ratio:g}"]
@@ -214,7 +214,7 @@ def serve_step(config: PipelineConfig, layout: Layout) -> Step:
 def rollout_step(config: PipelineConfig, layout: Layout) -> Step:
     """After serve: the canary's evidence decides; the served versions (rollout state) change."""
     return Step(name=ROLLOUT, kind=StepKind.ROLLOUT, image=SERVING_IMAGE, module="serving.rollout",
-                args=tuple(rollout_flags(config)), inputs=(layout.models,), outputs=(layout.models,),
+                args=("decide", *rollout_flags(config)), inputs=(layout.models,), outputs=(layout.models,),
                 depends=(SERVE,), resources=config.step_resources, retries=config.retries)
 
 

@@ -160,6 +160,16 @@ def test_render_writes_one_file_per_object(tmp_path):
     assert workflow["spec"]["workflowTemplateRef"]["name"] == argo.WORKFLOW_TEMPLATE_NAME
 
 
+def test_render_refuses_a_canary_tf_serving_cannot_be_judged_on_in_one_line(tmp_path):
+    config_file = tmp_path / "pipeline.yaml"
+    config_file.write_text(yaml.safe_dump({"pipeline": {"rollout": {"canaryPercent": 10}},
+                                           "serving": {"runtime": "tensorflow"}}))
+    result = run_module("pipeline", "render", "--out", tmp_path / "out", "--config", config_file)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "pipeline.rollout.canaryPercent" in result.stderr, result.stderr
+    assert not any((tmp_path / "out").glob("*"))
+
+
 def test_the_rollout_step_judges_the_version_serve_deployed_within_bounded_waits():
     config = parse_config({"pipeline": {"rollout": {"canaryPercent": 20, "minRequests": 500, "maxWait": "15m",
                                                     "maxErrorRateIncrease": 0.02, "maxLatencyRatio": 2}}})
@@ -179,7 +189,7 @@ def test_the_rollout_step_judges_the_version_serve_deployed_within_bounded_waits
         "--version", "--decision-file", "--timeout-seconds")}
     assert args[0] == "decide" and step["container"]["command"] == ["python", "-m", "serving.rollout"]
     assert (flag["--min-requests"], flag["--max-wait-seconds"], flag["--max-error-rate-increase"],
-            flag["--max-latency-ratio"]) == ("500", "900", "0.02", "2.0")
+            float(flag["--max-latency-ratio"])) == ("500", "900", "0.02", 2.0)
     assert flag["--version"] == "{{inputs.parameters.version}}"
     # The decision and its numbers are the step's output; Argo keeps it with the workflow.
     assert step["outputs"]["parameters"] == [
