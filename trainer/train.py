@@ -38,7 +38,7 @@ MIN_EPOCHS = 10
 MIN_EXAMPLES_SEEN = 30_000
 TRAINING_SEED = 1
 # Targets of 0.9 for the true class and 0.01 for each other one, not 1 and 0: with 450 images the
-# model otherwise grows confident on what it memorised. With zoom (trainer.data), +2 to +4 points
+# model otherwise grows confident on what it memorised. With zoom (trainer.data), +1 to +5 points
 # of validation accuracy per variant (README, Model quality).
 LABEL_SMOOTHING = 0.1
 CHECKPOINT_OWNER_FILE = "model.txt"
