@@ -37,21 +37,40 @@ def test_validation_holds_out_a_tenth_of_each_class_the_same_every_time():
     assert not any(image.tobytes() in kept_rows for image in held_out.images)
 
 
-def test_batches_are_flipped_or_shifted_images_with_their_own_labels():
+def test_batches_are_flipped_or_shifted_images_with_their_own_labels(monkeypatch):
+    monkeypatch.setattr(data, "ZOOM_FRACTION", 0.0)  # zoom is checked on its own below
     split = distinct_images(10)  # one image per label
     sources = dict(zip(split.labels.tolist(), split.images))
 
     images, labels = next(iter(data.training_dataset(split, global_batch_size=8)))
 
-    assert images.shape == (8, 28, 28, 1) and images.dtype == np.uint8
+    assert images.shape == (8, 28, 28, 1) and images.dtype == np.float32
     assert len(set(labels.numpy().tolist())) == 8  # shuffled without repeats within an epoch
-    assert all(is_flip_or_shift_of(image, sources[int(label)])
+    assert all(is_flip_or_shift_of(image.astype(np.uint8), sources[int(label)])
                for image, label in zip(images.numpy(), labels.numpy()))
 
 
 def test_augmentation_changes_images_but_keeps_them_recognisable():
     split = distinct_images(64)
     images, labels = next(iter(data.training_dataset(split, global_batch_size=64)))
-    originals = split.images[labels.numpy()]
+    originals = split.images[labels.numpy()].astype(np.float32)
     changed = [not np.array_equal(a, b) for a, b in zip(images.numpy(), originals)]
-    assert sum(changed) > 32  # 1 in 50 draws is neither flipped nor shifted
+    assert sum(changed) > 60  # every draw zooms by some factor; 1 in 50 is neither flipped nor shifted
+    assert images.numpy().min() >= 0 and images.numpy().max() <= 255
+
+
+def test_zoom_scales_each_image_about_its_centre_within_the_fraction():
+    images = np.zeros((64, 28, 28, 1), np.uint8)
+    images[:, 10:18, 10:18] = 255  # an 8x8 square in the middle of each image
+
+    np.testing.assert_allclose(data.zoom(images, 0.0).numpy(), images, atol=1e-3)  # identity
+    zoomed = data.zoom(images, 0.25).numpy()[..., 0]
+
+    heights = (zoomed.max(axis=2) > 127).sum(axis=1)
+    widths = (zoomed.max(axis=1) > 127).sum(axis=1)
+    assert heights.min() >= 6 and heights.max() <= 11  # 8 / 1.25 to 8 / 0.75 pixels
+    assert heights.min() < 8 < heights.max() and not np.array_equal(heights, widths)
+    assert zoomed[:, 0, :].max() == 0 and zoomed[:, :, 0].max() == 0  # zoomed out: a black border
+    rows = np.arange(28)[np.newaxis, :]
+    centres = (zoomed.sum(axis=2) * rows).sum(axis=1) / zoomed.sum(axis=(1, 2))
+    np.testing.assert_allclose(centres, 13.5, atol=0.5)

@@ -52,3 +52,19 @@ def test_unknown_variant_names_the_choices():
     choices = ", ".join(sorted(VARIANTS))
     with pytest.raises(KeyError, match=f"unknown model 'resnet'; choose from {choices}\""):
         models.build_model("resnet")
+
+
+def test_smoothed_loss_takes_class_ids_and_matches_keras_on_one_hot_targets():
+    import tensorflow as tf
+
+    from trainer.train import LABEL_SMOOTHING, SmoothedSparseCrossentropy
+
+    logits = tf.constant(np.random.default_rng(0).normal(size=(6, 10)), tf.float32)
+    ids = tf.constant([0, 3, 9, 1, 1, 7])
+    expected = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=LABEL_SMOOTHING)(
+        tf.one_hot(ids, 10), logits)
+    assert float(SmoothedSparseCrossentropy()(ids, logits)) == pytest.approx(float(expected), rel=1e-6)
+    unsmoothed = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(ids, logits)
+    assert float(SmoothedSparseCrossentropy(0.0)(ids[:, None], logits)) == pytest.approx(
+        float(unsmoothed), rel=1e-6)
+    assert float(SmoothedSparseCrossentropy()(ids, logits)) != pytest.approx(float(unsmoothed))

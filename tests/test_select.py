@@ -22,24 +22,80 @@ def candidates(two_worker_export: Path, one_worker_export: Path) -> list[Path]:
     return [two_worker_export, one_worker_export]
 
 
-def test_publishes_the_most_accurate_candidate_as_version_1_then_2(candidates, data_dir,
-                                                                   tmp_path):
+def test_publishes_the_best_on_validation_as_version_1_then_2(candidates, data_dir, tmp_path):
     repo = tmp_path / "models"
     first = select_and_publish(candidates, data_dir, repo, "fmnist")
     second = select_and_publish(candidates, data_dir, repo, "fmnist")
 
     assert (first["version"], second["version"]) == (1, 2)
     assert model_repository.versions(repo, "fmnist") == [1, 2]
-    scores = {c["name"]: c["test_accuracy"] for c in first["candidates"]}
-    assert set(scores) == {"cnn", "cnn_batchnorm"}
-    assert scores[first["winner"]] == max(scores.values())
-
+    assert (first["validation_examples"], first["test_examples"]) == (50, 100)
+    ranked = {c["name"]: (c["validation_accuracy"], -c["validation_loss"]) for c in first["candidates"]}
+    assert set(ranked) == {"cnn", "cnn_batchnorm", "ensemble"}
+    assert ranked[first["winner"]] == max(ranked.values())
+    assert all(0 <= c["test_accuracy"] <= 1 for c in first["candidates"])  # reported beside
     version_dir = repo / "fmnist" / "1"
-    winner_dir = dict(zip(["cnn", "cnn_batchnorm"], candidates))[first["winner"]]
-    assert (version_dir / "saved_model.pb").read_bytes() == (
-        winner_dir / "saved_model.pb").read_bytes()
     assert json.loads((version_dir / "selection.json").read_text()) == first
     assert Image.open(version_dir / "report.png").size[0] > 500
+
+
+def test_the_published_version_is_the_winner_itself(candidates, data_dir, tmp_path):
+    repo = tmp_path / "models"
+    selection = select_and_publish(candidates, data_dir, repo, "fmnist", ensemble=False)
+    winner_dir = dict(zip(["cnn", "cnn_batchnorm"], candidates))[selection["winner"]]
+    assert (repo / "fmnist" / "1" / "saved_model.pb").read_bytes() == (
+        winner_dir / "saved_model.pb").read_bytes()
+    assert [c["name"] for c in selection["candidates"]] == ["cnn", "cnn_batchnorm"]
+    assert selection["ensemble"] is None
+
+
+def test_the_test_split_never_decides(candidates, data_dir, tmp_path, monkeypatch):
+    """Swap the test images for noise: the scores on test change, the winner does not."""
+    import numpy as np
+
+    from trainer import select
+    from trainer.fashion_mnist import Split
+
+    chosen = select_and_publish(candidates, data_dir, tmp_path / "a", "fmnist")["winner"]
+    real_load = select.load_split
+
+    def noisy_test(directory, split):
+        loaded = real_load(directory, split)
+        if split != "test":
+            return loaded
+        noise = np.random.default_rng(0).integers(0, 256, loaded.images.shape, dtype=np.uint8)
+        return Split(noise, loaded.labels)
+
+    monkeypatch.setattr(select, "load_split", noisy_test)
+    again = select_and_publish(candidates, data_dir, tmp_path / "b", "fmnist")
+    assert again["winner"] == chosen
+
+
+def test_the_ensemble_serves_the_mean_of_its_members(candidates, data_dir, tmp_path):
+    import numpy as np
+
+    from trainer import export
+    from trainer.fashion_mnist import load_split
+
+    repo = tmp_path / "models"
+    selection = select_and_publish(candidates, data_dir, repo, "fmnist", min_improvement=0.0)
+    record = selection["ensemble"]
+    assert record["members"] == ["cnn", "cnn_batchnorm"]
+    assert record["validation_gain"] == pytest.approx(
+        record["validation_accuracy"] - record["best_member_validation_accuracy"])
+
+    ensemble_dir = tmp_path / "ensemble"
+    export.save_ensemble(candidates, str(ensemble_dir))
+    images = load_split(data_dir, "test").images[:8]
+    expected = np.mean([export.predict_pixels(c, images) for c in candidates], axis=0)
+    np.testing.assert_allclose(export.predict_pixels(ensemble_dir, images), expected, atol=1e-6)
+    for member in candidates:  # self-contained: it serves with its members gone
+        shutil.move(member, tmp_path / f"moved-{member.parent.name}")
+    try:
+        np.testing.assert_allclose(export.predict_pixels(ensemble_dir, images), expected, atol=1e-6)
+    finally:
+        for member in candidates:
+            shutil.move(tmp_path / f"moved-{member.parent.name}", member)
 
 
 def test_interrupted_publish_leaves_no_partial_version(candidates, data_dir, tmp_path,

@@ -15,6 +15,8 @@ import pytest
 import yaml
 from conftest import REPO_ROOT
 
+from trainer.variants import VARIANTS
+
 FOURTH = "cnn_wide"
 # What a newcomer adds: one function, here at the very end of the module.
 FOURTH_SOURCE = f'''
@@ -89,10 +91,10 @@ def test_the_config_the_render_and_both_stacks_follow_the_variants_module(fourth
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found["default"] == ["cnn", "cnn_dropout", "cnn_batchnorm", FOURTH]
+    assert found["default"] == [*VARIANTS, FOURTH]
     assert found["tasks"]["train-cnn-wide"] == "ingest"
     assert found["tasks"]["select"] == " && ".join(
-        ["train-cnn", "train-cnn-dropout", "train-cnn-batchnorm", "train-cnn-wide"])
+        "train-" + name.replace("_", "-") for name in (*VARIANTS, FOURTH))
     assert found["tfjob_kind"] == "TFJob"
     command = found["command"]
     assert command[:3] == ["python", "-m", "trainer.train"]
@@ -107,11 +109,11 @@ def test_make_demo_trains_every_variant_of_the_module_by_default(fourth_variant_
         pytest.skip("make is not installed")
     result = subprocess.run(
         ["make", "--no-print-directory", "-f", str(REPO_ROOT / "Makefile"), "-n", "demo",
-         "INSTALLED=", f"PYTHON={sys.executable}"],
+         "INSTALLED=", f"PYTHON={sys.executable}", "DEMO_SKIP="],
         cwd=fourth_variant_tree, env=environment(fourth_variant_tree),
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "--variants cnn cnn_dropout cnn_batchnorm cnn_wide --batch-size-per-replica" in result.stdout
+    assert f"--variants {' '.join(VARIANTS)} {FOURTH} --batch-size-per-replica" in result.stdout
 
 
 @pytest.mark.parametrize("stack", STACK_FILES)

@@ -11,6 +11,10 @@ VALIDATION_FRACTION = 0.1
 SPLIT_SEED = 20_240_601  # fixed, so every worker and every rerun holds out the same images
 SHUFFLE_SEED = 7  # the same on every worker, so that their DATA shards are disjoint
 SHIFT_PIXELS = 2
+# Each image's height and width scaled independently by up to this fraction either way (a garment
+# photographed a little closer or wider): +1 to +5 points of validation accuracy per variant with
+# label smoothing (README, Model quality). Zoomed out, the border is black, the images' background.
+ZOOM_FRACTION = 0.1
 
 
 def split_validation(train: Split, fraction: float = VALIDATION_FRACTION) -> tuple[Split, Split]:
@@ -26,15 +30,30 @@ def split_validation(train: Split, fraction: float = VALIDATION_FRACTION) -> tup
             Split(train.images[mask], train.labels[mask]))
 
 
-def augment(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Mirrors and shifts each image of a batch a little: clothes stay clothes, a small set goes
-    further. Vectorised over the batch, so it costs next to nothing beside a training step."""
-    images = tf.image.random_flip_left_right(images)
+def zoom(images: tf.Tensor, fraction: float) -> tf.Tensor:
+    """Scales each image's height and width by a random factor in [1 - fraction, 1 + fraction]
+    about its centre (bilinear; zoomed out, the border is 0), in one tf.image call for the batch."""
+    count = tf.shape(images)[0]
+    half = 0.5 * tf.random.uniform([count, 2], 1.0 - fraction, 1.0 + fraction)
+    boxes = tf.concat([0.5 - half, 0.5 + half], axis=1)  # [y1, x1, y2, x2], normalised
+    return tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes, tf.range(count),
+                                    [IMAGE_SIZE, IMAGE_SIZE], extrapolation_value=0.0)
+
+
+def shift(images: tf.Tensor) -> tf.Tensor:
+    """Moves each image by up to SHIFT_PIXELS in each direction (whole pixels, 0 fills)."""
     padded = tf.pad(images, [[0, 0], [SHIFT_PIXELS, SHIFT_PIXELS], [SHIFT_PIXELS, SHIFT_PIXELS], [0, 0]])
     offsets = tf.random.uniform([2, tf.shape(images)[0], 1], 0, 2 * SHIFT_PIXELS + 1, tf.int32)
     window = tf.range(IMAGE_SIZE)[tf.newaxis, :]
     rows = tf.gather(padded, offsets[0] + window, axis=1, batch_dims=1)
-    return tf.gather(rows, offsets[1] + window, axis=2, batch_dims=1), labels
+    return tf.gather(rows, offsets[1] + window, axis=2, batch_dims=1)
+
+
+def augment(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Mirrors, zooms and shifts each image of a batch a little: clothes stay clothes, a small set
+    goes further. Vectorised over the batch, so it costs next to nothing beside a training step.
+    Returns float32 pixels, 0-255, as the models take them."""
+    return shift(zoom(tf.image.random_flip_left_right(images), ZOOM_FRACTION)), labels
 
 
 def training_dataset(split: Split, global_batch_size: int) -> tf.data.Dataset:

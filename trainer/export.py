@@ -11,6 +11,7 @@ Signatures:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -30,16 +31,18 @@ def decode_image(encoded: tf.Tensor) -> tf.Tensor:
     return tf.clip_by_value(resized, 0.0, 255.0)
 
 
-class ServingModule(tf.Module):
-    """Wraps a trained model (logits from raw pixels) with the two serving signatures."""
+class Signatures(tf.Module):
+    """The two serving signatures around `probabilities`, which a subclass defines."""
 
-    def __init__(self, model: keras.Model):
+    def __init__(self):
         super().__init__()
-        self.model = model
         self.class_names = tf.constant(CLASS_NAMES)
 
+    def probabilities(self, pixels: tf.Tensor) -> tf.Tensor:
+        raise NotImplementedError
+
     def _predict(self, pixels: tf.Tensor) -> dict[str, tf.Tensor]:
-        probabilities = tf.nn.softmax(self.model(pixels, training=False))
+        probabilities = self.probabilities(pixels)
         class_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
         return {
             "probabilities": probabilities,
@@ -62,8 +65,37 @@ class ServingModule(tf.Module):
         return self._predict(pixels)
 
 
-def save_for_serving(model: keras.Model, export_dir: str) -> None:
-    module = ServingModule(model)
+class ServingModule(Signatures):
+    """Wraps a trained model (logits from raw pixels) with the two serving signatures."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__()
+        self.model = model
+
+    def probabilities(self, pixels: tf.Tensor) -> tf.Tensor:
+        return tf.nn.softmax(self.model(pixels, training=False))
+
+
+class EnsembleModule(Signatures):
+    """The mean of several exports' probabilities, behind the same two signatures.
+
+    Each member is a loaded SavedModel of this contract; its restored `serve_pixels` function and
+    variables are tracked here, so the ensemble saves as one self-contained SavedModel. Averaging
+    probabilities of models trained differently cancels part of each one's errors on unseen images.
+    """
+
+    def __init__(self, members: Sequence[tf.Module]):
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        self.members = list(members)
+
+    def probabilities(self, pixels: tf.Tensor) -> tf.Tensor:
+        return tf.add_n([member.serve_pixels(pixels)["probabilities"] for member in self.members]) \
+            / len(self.members)
+
+
+def save_module(module: Signatures, export_dir: str) -> None:
     tf.saved_model.save(
         module,
         export_dir,
@@ -72,6 +104,15 @@ def save_for_serving(model: keras.Model, export_dir: str) -> None:
             PIXELS_SIGNATURE: module.serve_pixels,
         },
     )
+
+
+def save_for_serving(model: keras.Model, export_dir: str) -> None:
+    save_module(ServingModule(model), export_dir)
+
+
+def save_ensemble(member_dirs: Sequence[Path], export_dir: str) -> None:
+    """One SavedModel serving the mean probabilities of the exports in `member_dirs`."""
+    save_module(EnsembleModule([tf.saved_model.load(str(member)) for member in member_dirs]), export_dir)
 
 
 def predict_pixels(export_dir: Path, images: np.ndarray) -> np.ndarray:

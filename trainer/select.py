@@ -1,16 +1,21 @@
-"""Evaluate candidate exports on the test split and publish the best as the next version, if it
+"""Rank candidate exports on the validation images and publish the best as the next version, if it
 beats the served one.
 
     python -m trainer.select --candidates EXPORT... --data-dir DATA_DIR --model-repo REPO \\
         --model-name fmnist [--releases-dir RELEASES] [--published-version-file FILE] \\
-        [--min-improvement 0.0]
+        [--min-improvement 0.0] [--no-ensemble]
 
-The winner has the highest test accuracy (ties: lower loss). The promotion gate then compares it
-with the served version (model_repository.served_version: the stable one of rollout.json, else the
-latest committed one in REPO, if any) on the held-out validation
-images (trainer.data.split_validation: the same images the trainer held out): the winner is
-published only if its validation accuracy is at least the served one's plus --min-improvement
-(0, the default, means "not worse"). With no served version it is published (the first version).
+Every candidate is scored on the held-out validation images (trainer.data.split_validation: the
+same images the trainer held out, which no candidate learned from) and, separately, on the test
+split. With two or more candidates, one more is built: the `ensemble`, one SavedModel serving the
+mean probabilities of all of them (trainer.export.save_ensemble; --no-ensemble leaves it out). The
+winner has the highest validation accuracy (ties: lower validation loss); the test figures are
+reported, never used to choose, so they stay an unbiased estimate. The promotion gate then compares
+the winner with the served version (model_repository.served_version: the stable one of
+rollout.json, else the latest committed one in REPO, if any) on the same
+validation images: the winner is published only if its validation accuracy is at least the served
+one's plus --min-improvement (0, the default, means "not worse"). With no served version it is
+published (the first version).
 
 Published, it becomes REPO/<model-name>/<N>/ with `selection.json` (every candidate's scores, the
 winner, the gate's comparison, the version) and `report.png` (accuracy per candidate, the winner's
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -40,6 +46,8 @@ from trainer.fashion_mnist import NUM_CLASSES, DatasetError, Split, load_split
 from trainer.model_repository import LAST_SELECTION_FILE, SELECTION_FILE
 
 REPORT_FILE = "report.png"
+ENSEMBLE = "ensemble"  # the candidate that averages all the others
+RANKING = "validation accuracy, ties: lower validation loss"
 DEFAULT_MIN_IMPROVEMENT = 0.0  # "not worse": pipeline.promotion.minImprovement's default
 # Accuracies on the same N images differ by multiples of 1/N (N is thousands): a tolerance this small
 # only keeps float rounding (0.93 - 0.92 < 0.01) from deciding.
@@ -54,13 +62,22 @@ class CandidateError(ValueError):
 class Evaluation:
     name: str
     export_dir: Path
-    accuracy: float
+    validation_accuracy: float  # what ranks
+    validation_loss: float
+    accuracy: float  # on the test split: reported only
     loss: float
-    confusion: np.ndarray  # [true class, predicted class] counts
+    confusion: np.ndarray  # [true class, predicted class] counts on the test split
+    members: tuple[str, ...] = ()  # an ensemble's candidates
 
     def summary(self) -> dict:
-        return {"name": self.name, "export_dir": str(self.export_dir),
-                "test_accuracy": self.accuracy, "test_loss": self.loss}
+        # An ensemble's export lives in select's scratch directory until published: no path to keep.
+        summary = {"name": self.name, "export_dir": None if self.members else str(self.export_dir),
+                   "validation_accuracy": self.validation_accuracy,
+                   "validation_loss": self.validation_loss,
+                   "test_accuracy": self.accuracy, "test_loss": self.loss}
+        if self.members:
+            summary["members"] = list(self.members)
+        return summary
 
 
 def candidate_name(export_dir: Path) -> str:
@@ -90,17 +107,45 @@ def predictions(export_dir: Path, split: Split) -> np.ndarray:
         ) from None
 
 
-def evaluate(export_dir: Path, test: Split) -> Evaluation:
+def evaluate(export_dir: Path, validation: Split, test: Split, name: str | None = None,
+             members: tuple[str, ...] = ()) -> Evaluation:
+    validation_accuracy, validation_loss = export.accuracy_and_loss(
+        predictions(export_dir, validation), validation.labels)
     probabilities = predictions(export_dir, test)
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=int)
     np.add.at(confusion, (test.labels, probabilities.argmax(axis=1)), 1)
     accuracy, loss = export.accuracy_and_loss(probabilities, test.labels)
-    return Evaluation(name=candidate_name(export_dir), export_dir=export_dir, accuracy=accuracy,
-                      loss=loss, confusion=confusion)
+    return Evaluation(name=name or candidate_name(export_dir), export_dir=export_dir,
+                      validation_accuracy=validation_accuracy, validation_loss=validation_loss,
+                      accuracy=accuracy, loss=loss, confusion=confusion, members=members)
+
+
+def evaluate_ensemble(members: Sequence[Evaluation], scratch: Path, validation: Split,
+                      test: Split) -> Evaluation:
+    """Saves the members' ensemble under `scratch` and scores the saved model itself."""
+    export_dir = scratch / ENSEMBLE
+    export.save_ensemble([member.export_dir for member in members], str(export_dir))
+    return evaluate(export_dir, validation, test, name=ENSEMBLE,
+                    members=tuple(member.name for member in members))
 
 
 def best(evaluations: Sequence[Evaluation]) -> Evaluation:
-    return max(evaluations, key=lambda e: (e.accuracy, -e.loss))
+    """Ranked on validation only: choosing on the test split would make its figure optimistic."""
+    return max(evaluations, key=lambda e: (e.validation_accuracy, -e.validation_loss))
+
+
+def ensemble_record(ensemble: Evaluation, members: Sequence[Evaluation]) -> dict:
+    """What averaging gave: the ensemble against its best member, on validation (and test, reported)."""
+    member = best(members)
+    return {
+        "members": list(ensemble.members),
+        "best_member": member.name,
+        "validation_accuracy": ensemble.validation_accuracy,
+        "best_member_validation_accuracy": member.validation_accuracy,
+        "validation_gain": ensemble.validation_accuracy - member.validation_accuracy,
+        "test_accuracy": ensemble.accuracy,
+        "best_member_test_accuracy": member.accuracy,
+    }
 
 
 def validation_accuracy(export_dir: Path, validation: Split) -> float:
@@ -130,14 +175,13 @@ def gate_reason(promotion: dict) -> str:
     return f"not promoted, version {served} stays served: {comparison}"
 
 
-def compare_with_served(winner: Evaluation, data_dir: Path, repo: Path, model_name: str,
+def compare_with_served(winner: Evaluation, validation: Split, repo: Path, model_name: str,
                         min_improvement: float) -> dict:
     """The gate's record: the winner against the served version on the validation images."""
-    validation = data.split_validation(load_split(data_dir, "train"))[1]
     served = model_repository.served_version(repo, model_name)
     served_accuracy = (validation_accuracy(repo / model_name / str(served), validation)
                        if served is not None else None)
-    candidate_accuracy = validation_accuracy(winner.export_dir, validation)
+    candidate_accuracy = winner.validation_accuracy
     promotion = {
         "candidate": winner.name,
         "candidate_validation_accuracy": candidate_accuracy,
@@ -153,27 +197,46 @@ def compare_with_served(winner: Evaluation, data_dir: Path, repo: Path, model_na
 
 def select_and_publish(candidates: Sequence[Path], data_dir: Path, repo: Path,
                        model_name: str, releases: Path | None = None,
-                       min_improvement: float = DEFAULT_MIN_IMPROVEMENT) -> dict:
+                       min_improvement: float = DEFAULT_MIN_IMPROVEMENT,
+                       ensemble: bool = True) -> dict:
     """Evaluates, and publishes the winner (and its release, with `releases`) if the gate lets it;
-    returns the selection. `version` is the new version, or None when the served one stays."""
+    returns the selection. `version` is the new version, or None when the served one stays.
+    `ensemble`: with two or more candidates, their ensemble is a candidate too."""
     check_committed(candidates)
+    with tempfile.TemporaryDirectory(prefix="select-") as scratch:
+        return _select_and_publish(candidates, data_dir, repo, model_name, releases, min_improvement,
+                                   ensemble, Path(scratch))
+
+
+def _select_and_publish(candidates: Sequence[Path], data_dir: Path, repo: Path, model_name: str,
+                        releases: Path | None, min_improvement: float, ensemble: bool,
+                        scratch: Path) -> dict:
+    validation = data.split_validation(load_split(data_dir, "train"))[1]
     test = load_split(data_dir, "test")
-    evaluations = [evaluate(candidate, test) for candidate in candidates]
-    winner = best(evaluations)
+    evaluations = [evaluate(candidate, validation, test) for candidate in candidates]
+    combined = None
+    if ensemble and len(evaluations) > 1:
+        combined = evaluate_ensemble(evaluations, scratch, validation, test)
+    winner = best([*evaluations, *([combined] if combined else [])])
     selection = {
         "model_name": model_name,
+        "ranking": RANKING,
+        "validation_examples": len(validation),
         "test_examples": len(test),
         "candidates": [e.summary() for e in evaluations],
+        "ensemble": ensemble_record(combined, evaluations) if combined else None,
         "winner": winner.name,
-        "promotion": compare_with_served(winner, data_dir, repo, model_name, min_improvement),
+        "promotion": compare_with_served(winner, validation, repo, model_name, min_improvement),
         "version": None,
     }
+    if combined:
+        selection["candidates"].append(combined.summary())
 
     def add_report(version_dir: Path, version: int) -> None:
         selection["version"] = version
         (version_dir / SELECTION_FILE).write_text(json.dumps(selection, indent=2) + "\n")
-        report.write_report(version_dir / REPORT_FILE, evaluations, winner, version,
-                            selection["promotion"])
+        report.write_report(version_dir / REPORT_FILE, [*evaluations, *([combined] if combined else [])],
+                            winner, version, selection["promotion"])
 
     if selection["promotion"]["promoted"]:
         model_repository.publish(winner.export_dir, repo, model_name, add_report, releases)
@@ -195,13 +258,17 @@ def write_published_version(path: Path, version: int) -> None:
 
 def print_table(selection: dict, repo: Path, releases: Path | None = None) -> None:
     published = selection["version"] is not None
-    print(f"{'candidate':<20} {'test accuracy':>13} {'test loss':>10}")
+    validation = f"validation ({selection['validation_examples']})"
+    test = f"test ({selection['test_examples']})"
+    print(f"{'candidate':<20} {validation:>16} {'loss':>7} {test:>10} {'loss':>7}")
     for candidate in selection["candidates"]:
         mark = ""
         if candidate["name"] == selection["winner"]:
             mark = "  <- published" if published else "  <- best, not promoted"
-        print(f"{candidate['name']:<20} {candidate['test_accuracy']:>13.4f} "
-              f"{candidate['test_loss']:>10.4f}{mark}")
+        print(f"{candidate['name']:<20} {candidate['validation_accuracy']:>16.4f} "
+              f"{candidate['validation_loss']:>7.4f} {candidate['test_accuracy']:>10.4f} "
+              f"{candidate['test_loss']:>7.4f}{mark}")
+    print(f"select: ranked on {RANKING}; the test figures are reported only")
     if not published:
         print(f"select: {selection['promotion']['reason']}; nothing published")
         return
@@ -225,6 +292,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--published-version-file", type=Path,
                         help="write the version to serve here: the published one, or the served "
                              "one when the gate keeps it")
+    parser.add_argument("--ensemble", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"with two or more candidates, also rank their '{ENSEMBLE}' (the mean of "
+                             "their probabilities, one SavedModel); default: on")
     parser.add_argument("--min-improvement", type=float, default=DEFAULT_MIN_IMPROVEMENT,
                         help="publish only if the winner's validation accuracy is at least the "
                              "served version's plus this (0-1; 0: not worse)")
@@ -240,7 +310,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     selection = select_and_publish(args.candidates, args.data_dir, args.model_repo,
-                                   args.model_name, args.releases_dir, args.min_improvement)
+                                   args.model_name, args.releases_dir, args.min_improvement,
+                                   args.ensemble)
     if args.published_version_file is not None:
         write_published_version(args.published_version_file, version_to_serve(selection))
     print_table(selection, args.model_repo, args.releases_dir)
