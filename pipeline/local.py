@@ -414,17 +414,30 @@ def curl_example(url: str, model_name: str, image: bytes) -> str:
 
 
 def format_table(outcomes: dict[str, Outcome], selection: dict, steps: Sequence[Step]) -> str:
-    accuracy = {c["name"]: c["test_accuracy"] for c in selection["candidates"]}
-    lines = [f"{'variant':<16} {'test accuracy':>13} {'train time':>22}  chosen"]
+    """One row per candidate: validation (what ranks) and test (reported only) accuracy, each headed
+    with its sample size, train time, and which one selection chose; a candidate no step trained
+    (select's ensemble) gets its row after the variants."""
+    candidates = {c["name"]: c for c in selection["candidates"]}
+    validation = f"validation ({selection.get('validation_examples', '?')})"
+    test = f"test ({selection.get('test_examples', '?')})"
+    lines = [f"{'variant':<16} {validation:>16} {test:>10} {'train time':>22}  chosen"]
+
+    def row(name: str, took: str) -> str:
+        scores = candidates.get(name, {})
+        chosen = ("<- published" if selection["version"] else "<- best, not promoted") \
+            if name == selection["winner"] else ""
+        return (f"{name:<16} {scores.get('validation_accuracy', float('nan')):>16.4f} "
+                f"{scores.get('test_accuracy', float('nan')):>10.4f} {took:>22}  {chosen}")
+
+    trained = set()
     for step in steps:
         if step.kind is not StepKind.TRAIN:
             continue
         variant = step.args[step.args.index("--model") + 1]
+        trained.add(variant)
         outcome = outcomes[step.name]
-        took = f"{outcome.seconds:.1f}s" + (" (memoized)" if outcome.memoized else "")
-        chosen = ("<- published" if selection["version"] else "<- best, not promoted") \
-            if variant == selection["winner"] else ""
-        lines.append(f"{variant:<16} {accuracy.get(variant, float('nan')):>13.4f} {took:>22}  {chosen}")
+        lines.append(row(variant, f"{outcome.seconds:.1f}s" + (" (memoized)" if outcome.memoized else "")))
+    lines += [row(name, "(built by select)") for name in candidates if name not in trained]
     return "\n".join(lines)
 
 

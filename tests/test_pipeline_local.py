@@ -19,6 +19,10 @@ import psutil
 import pytest
 from conftest import REPO_ROOT, last_line, run_module
 
+from pipeline import local
+from pipeline.config import parse_config
+from pipeline.definition import StepKind, build_steps
+
 FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8"]
 EPOCH_LOGGED = re.compile(r"train\[worker:0\]: epoch 1/")
 
@@ -210,3 +214,19 @@ def test_the_engine_stops_on_a_signal_its_parent_had_ignored(sample_dir, tmp_pat
     assert "interrupted; every child process is stopped" in last_line(output.read_text())
     _, alive = psutil.wait_procs(children, timeout=5)
     assert alive == []
+
+
+def test_the_run_table_shows_validation_and_test_with_their_sizes_and_marks_an_ensemble_winner():
+    config = parse_config({"pipeline": {"variants": ["cnn", "cnn_dropout"]}})
+    steps = build_steps(config, "runs/x")
+    outcomes = {step.name: local.Outcome(step.name, 12.5, step.name.endswith("dropout"))
+                for step in steps if step.kind is StepKind.TRAIN}
+    selection = {"version": 3, "winner": "ensemble", "validation_examples": 50, "test_examples": 100,
+                 "candidates": [{"name": "cnn", "validation_accuracy": 0.8, "test_accuracy": 0.81},
+                                {"name": "cnn_dropout", "validation_accuracy": 0.78, "test_accuracy": 0.83},
+                                {"name": "ensemble", "validation_accuracy": 0.86, "test_accuracy": 0.84}]}
+    header, cnn, dropout, ensemble = local.format_table(outcomes, selection, steps).splitlines()
+    assert "validation (50)" in header and "test (100)" in header
+    assert cnn.split()[:3] == ["cnn", "0.8000", "0.8100"] and "published" not in cnn
+    assert "(memoized)" in dropout
+    assert ensemble.split()[:3] == ["ensemble", "0.8600", "0.8400"] and ensemble.endswith("<- published")
