@@ -1,12 +1,15 @@
-"""Train one CNN variant with MultiWorkerMirroredStrategy and export it for serving.
+"""Train one CNN variant across workers, synchronously or with parameter servers, and export it.
 
     python -m trainer.train --model NAME --data-dir DATA_DIR --checkpoint-dir CKPT \\
         --export-dir EXPORT [--epochs N] [--batch-size-per-replica B] [--steps-per-epoch S] \\
         [--learning-rate LR]
 
 The cluster comes from TF_CONFIG, as TFJob sets it in every pod; without it this is one local
-worker. Every worker runs the same code and the same number of steps; only the chief writes the
-export. BackupAndRestore under CKPT lets restarted workers resume from the last completed epoch.
+worker. Synchronous (worker tasks only, MultiWorkerMirroredStrategy): every worker runs the same code
+and the same number of steps; only the chief writes the export. With `ps` tasks
+(ParameterServerStrategy, trainer.parameter_server): workers and parameter servers only serve, and
+the chief coordinates the steps and writes the export. BackupAndRestore under CKPT lets restarted
+workers (or a restarted chief) resume from the last completed epoch.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from common import cli
-from trainer import data, export, models
+from trainer import data, export, models, parameter_server
 from trainer.atomic import staged_directory
 from trainer.cluster import LOCAL, TF_CONFIG, ClusterConfigError, ClusterSpec, parse_tf_config
 from trainer.fashion_mnist import DatasetError, Split, load_split
@@ -116,11 +119,23 @@ class ProgressLogger(keras.callbacks.Callback):
 
 
 def distribution_strategy(cluster: ClusterSpec) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy for a cluster from TF_CONFIG. A lone local worker takes the
-    default strategy: there all-reduce has nothing to do but costs about 10% of a step."""
+    """MultiWorkerMirroredStrategy for a cluster from TF_CONFIG, ParameterServerStrategy for one with
+    parameter servers. A lone local worker takes the default strategy: there all-reduce has nothing
+    to do but costs about 10% of a step."""
     if cluster is LOCAL:
         return tf.distribute.get_strategy()
+    if cluster.uses_parameter_servers:
+        return parameter_server.strategy(cluster)
     return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def training_input(cluster: ClusterSpec, split: Split,
+                   global_batch: int) -> tf.data.Dataset | keras.utils.experimental.DatasetCreator:
+    """A dataset that every worker shards, or under parameter servers a DatasetCreator from which
+    each worker builds its own (model.fit's only input there besides in-memory arrays)."""
+    if cluster.uses_parameter_servers:
+        return parameter_server.training_input(split, global_batch)
+    return data.training_dataset(split, global_batch)
 
 
 def compiled_model(name: str, learning_rate: float) -> keras.Model:
@@ -185,7 +200,7 @@ def train(config: TrainConfig, cluster: ClusterSpec) -> None:
                                     profile_batch=0),
         progress,
     ]
-    model.fit(data.training_dataset(train_split, global_batch), epochs=epochs,
+    model.fit(training_input(cluster, train_split, global_batch), epochs=epochs,
               steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
 
     def write_metrics(export_dir: Path) -> dict:
@@ -220,6 +235,8 @@ def claim_checkpoint_dir(checkpoint_dir: Path, model: str, cluster: ClusterSpec)
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     cluster = parse_tf_config(os.environ.get(TF_CONFIG))
+    if cluster.uses_parameter_servers and not cluster.is_chief:
+        parameter_server.serve_forever(cluster)
     claim_checkpoint_dir(config.checkpoint_dir, config.model, cluster)
     train(config, cluster)
 
