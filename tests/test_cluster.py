@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from trainer.cluster import ClusterConfigError, local_parameter_server_tasks, local_tf_configs, parse_tf_config
+from trainer.cluster import (
+    ClusterConfigError,
+    local_parameter_server_tasks,
+    local_tf_configs,
+    parse_tf_config,
+)
 
 
 def test_no_tf_config_is_one_local_worker():

@@ -19,7 +19,7 @@ from PIL import Image
 
 from trainer import fashion_mnist
 from trainer.atomic import is_committed
-from trainer.launch import WorkerFailed, Worker, start_workers, stop_workers, wait_for_workers
+from trainer.launch import Worker, WorkerFailed, start_workers, stop_workers, wait_for_workers
 
 EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
 DEADLINE_SECONDS = 300
