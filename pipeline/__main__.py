@@ -3,6 +3,7 @@
     python -m pipeline run [--config FILE] [--data-source SRC] [--fallback-source SRC]
         [--variants V...] [--workers N] [--epochs N] [--steps-per-epoch N]
         [--batch-size-per-replica B] [--storage-root DIR] [--parallelism P] [--serve]
+        [--strategy sync|parameter-server] [--parameter-servers N]
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
 
 `run` is the local engine (processes on this machine); `render` writes the Argo WorkflowTemplate and
@@ -30,6 +31,7 @@ OVERRIDES = {
     "workers": "workers", "epochs": "epochs", "steps_per_epoch": "stepsPerEpoch",
     "batch_size_per_replica": "batchSizePerReplica", "storage_root": "storageRoot",
     "parallelism": "parallelism", "retries": "retries",
+    "strategy": "strategy", "parameter_servers": "parameterServers",
 }
 
 
@@ -43,8 +45,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run.add_argument("--variants", nargs="+")
     # Numbers stay text here so that the config parser judges them, naming the config key.
     for flag in ("--workers", "--epochs", "--steps-per-epoch", "--batch-size-per-replica",
-                 "--parallelism", "--retries"):
+                 "--parallelism", "--retries", "--parameter-servers"):
         run.add_argument(flag, type=int)
+    run.add_argument("--strategy", help="sync or parameter-server, for every variant")
     run.add_argument("--storage-root", help="where data, checkpoints, exports, models and logs go")
     run.add_argument("--serve", action="store_true", help="keep serving in the foreground until Ctrl-C")
     render = commands.add_parser("render", help="write the Argo WorkflowTemplate and Workflow")
