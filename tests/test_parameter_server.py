@@ -8,6 +8,7 @@ import io
 import json
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -19,12 +20,66 @@ from PIL import Image
 
 from trainer import fashion_mnist
 from trainer.atomic import is_committed
-from trainer.launch import Worker, WorkerFailed, start_workers, stop_workers, wait_for_workers
+from trainer.launch import (
+    WORKER_RESTARTS,
+    Worker,
+    WorkerFailed,
+    start_replicas,
+    start_workers,
+    stop_workers,
+    wait_for_workers,
+)
 
 EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
 DEADLINE_SECONDS = 300
 # Long enough that a replica can be killed between two epochs, short enough for 2 shared cores.
 LONG_RUN = ("--epochs", "6", "--steps-per-epoch", "30", "--batch-size-per-replica", "16")
+
+
+# A stand-in replica: exits with the status given for its task ("chief:0" -> 0), else serves forever.
+FAKE_REPLICA = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+print(f"{task['type']}:{task['index']} up", flush=True)
+exits = dict(item.split("=") for item in sys.argv[1:])
+key = f"{task['type']}:{task['index']}"
+if key in exits:
+    time.sleep(0.5)
+    sys.exit(int(exits[key]))
+time.sleep(600)
+"""
+
+
+def fake_job(tmp_path: Path, *exits: str) -> list[Worker]:
+    return start_replicas([sys.executable, "-c", FAKE_REPLICA, *exits], 2, tmp_path, distributed=True,
+                          parameter_servers=1)
+
+
+def test_the_job_ends_when_the_chief_succeeds_and_the_others_are_stopped(tmp_path):
+    workers = fake_job(tmp_path, "chief:0=0")
+    wait_for_workers(workers)
+    assert {w.name: w.process.returncode for w in workers} == {
+        "chief 0": 0, "worker 0": -signal.SIGTERM, "worker 1": -signal.SIGTERM, "ps 0": -signal.SIGTERM}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chief-0.log", "ps-0.log", "worker-0.log",
+                                                         "worker-1.log"]
+
+
+def test_a_worker_that_keeps_failing_is_restarted_then_fails_the_job(tmp_path):
+    workers = fake_job(tmp_path, "worker:1=3")
+    with pytest.raises(WorkerFailed, match=r"^worker 1 exited with status 3; the end of .*worker-1.log"):
+        wait_for_workers(workers)
+    assert by_name(workers, "worker 1").restarts == WORKER_RESTARTS
+    assert (tmp_path / "worker-1.log").read_text().count("worker:1 up") == 1 + WORKER_RESTARTS
+    assert all(w.process.poll() is not None for w in workers)
+
+
+@pytest.mark.parametrize("lost", ["ps:0=0", "chief:0=1"])
+def test_a_parameter_server_exiting_or_the_chief_failing_fails_the_job_at_once(tmp_path, lost):
+    workers = fake_job(tmp_path, lost)
+    task = lost.split("=")[0].replace(":", " ")
+    with pytest.raises(WorkerFailed, match=f"^{task} exited with status {lost[-1]}"):
+        wait_for_workers(workers)
+    assert all(w.process.poll() is not None for w in workers)
 
 
 def read_epochs(log: Path) -> list[int]:
