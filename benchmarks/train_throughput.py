@@ -15,11 +15,11 @@ ingested through trainer.ingest, so that an epoch is long enough to measure.
 
 Strategies table: one variant (cnn), the sample itself (450 training images; accuracy on its 100
 test images, which no run trains on), the same epochs and the same global batch (the examples behind
-one update of the weights) for: one worker alone; sync, 2 workers (MultiWorkerMirroredStrategy, half
-the global batch each); parameter-server, 2 workers + 1 PS (ParameterServerStrategy, each step one
-worker's whole global batch). Each is `trainer.launch` as users run it; then sync and
-parameter-server again with the last worker paused P% of the time (`--slow-worker-percent`), to show
-how each degrades when one worker is slow.
+one update of the weights: the same --batch-size-per-replica) for: one worker alone; sync, 2 workers
+(MultiWorkerMirroredStrategy, half the global batch each); parameter-server, 2 workers + 1 PS
+(ParameterServerStrategy, each step one worker's whole global batch). Each runs through
+`trainer.launch` as users run it; then sync and parameter-server again with the last worker paused
+P% of the time (`--slow-worker-percent`), to show how each degrades when one worker is slow.
 """
 
 from __future__ import annotations
@@ -54,10 +54,6 @@ class Setup:
     workers: int
     parameter_servers: int = 0
     slow_percent: int = 0
-
-    def batch_size_per_replica(self, global_batch: int) -> int:
-        """Sync replicas share the global batch; a parameter-server step is one worker's whole batch."""
-        return global_batch if self.parameter_servers else global_batch // self.workers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +124,7 @@ def run_setup(setup: Setup, data_dir: Path, work_dir: Path, epochs: int, global_
     train_args = ["--model", STRATEGY_VARIANT, "--data-dir", str(data_dir),
                   "--checkpoint-dir", str(run_dir / "checkpoints"), "--export-dir", str(run_dir / "export"),
                   "--epochs", str(epochs), "--batch-size-per-replica",
-                  str(setup.batch_size_per_replica(global_batch))]
+                  str(global_batch // setup.workers)]
     launch = [sys.executable, "-m", "trainer.launch", "--workers", str(setup.workers),
               "--log-dir", str(run_dir / "logs"), "--slow-worker-percent", str(setup.slow_percent)]
     if setup.parameter_servers:

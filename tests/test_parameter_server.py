@@ -135,7 +135,7 @@ def test_two_workers_and_a_parameter_server_train_and_export_a_model_that_serves
     metrics = json.loads((export_dir / "metrics.json").read_text())
     assert metrics["workers"] == 2  # the chief coordinates, it computes no steps
     assert metrics["epochs"] == 2 and metrics["steps_per_epoch"] == 6
-    assert metrics["global_batch_size"] == 32  # one worker's step: each is its own replica
+    assert metrics["global_batch_size"] == 64  # as sync's: 32 per replica x 2, in one worker's step
     assert metrics["validation"]["examples"] == 50
     assert_serves(export_dir, data_dir)
 

@@ -129,6 +129,16 @@ def distribution_strategy(cluster: ClusterSpec) -> tf.distribute.Strategy:
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
+def global_batch_size(batch_size_per_replica: int, strategy: tf.distribute.Strategy,
+                      cluster: ClusterSpec) -> int:
+    """The examples behind one update of the weights. Under parameter servers a step is one
+    worker's, and it takes the batch of all the workers, so that a config means the same global
+    batch, steps per epoch and learning rate under either strategy."""
+    if cluster.uses_parameter_servers:
+        return batch_size_per_replica * cluster.num_workers
+    return batch_size_per_replica * strategy.num_replicas_in_sync
+
+
 def training_input(cluster: ClusterSpec, split: Split,
                    global_batch: int) -> tf.data.Dataset | keras.utils.experimental.DatasetCreator:
     """A dataset that every worker shards, or under parameter servers a DatasetCreator from which
@@ -184,7 +194,7 @@ def train(config: TrainConfig, cluster: ClusterSpec) -> None:
     train_split, validation_split = data.split_validation(load_split(config.data_dir, "train"))
     strategy = distribution_strategy(cluster)
     keras.utils.set_random_seed(TRAINING_SEED)
-    global_batch = config.batch_size_per_replica * strategy.num_replicas_in_sync
+    global_batch = global_batch_size(config.batch_size_per_replica, strategy, cluster)
     steps_per_epoch = config.steps_per_epoch or max(1, len(train_split) // global_batch)
     epochs = config.epochs or max(MIN_EPOCHS, math.ceil(MIN_EXAMPLES_SEEN / len(train_split)))
     log(cluster, f"{config.model}: {len(train_split)} training images, {cluster.num_workers} "
