@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import train_args
+from conftest import run_module, train_args
 from PIL import Image
 
 from trainer import fashion_mnist
@@ -202,3 +202,31 @@ def test_a_lost_parameter_server_fails_the_job_and_the_rerun_resumes(data_dir, t
     assert f"resuming from backup at epoch {completed + 1}/6" in chief_log.read_text()
     assert read_epochs(chief_log) == list(range(completed + 1, 7))
     assert_serves(tmp_path / "export", data_dir)
+
+
+def test_the_local_pipeline_trains_with_parameter_servers_publishes_and_serves(sample_dir, tmp_path):
+    """`make demo STRATEGY=parameter-server` in small: one variant under parameter servers and one
+    synchronous beside it (strategy per variant), then a switch of strategy retrains (memo key)."""
+    root = tmp_path / "root"
+    config = tmp_path / "pipeline.yaml"
+    # No parameterServers key (default 1): it would be an error once --strategy sync overrides.
+    config.write_text("pipeline:\n  variants: [cnn, cnn_dropout]\n  strategy: {cnn: parameter-server}\n")
+    args = ["run", "--config", str(config), "--data-source", str(sample_dir), "--storage-root", str(root),
+            "--workers", "2", "--epochs", "1", "--steps-per-epoch", "3", "--batch-size-per-replica", "8"]
+    first = run_module("pipeline", *args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "train-cnn: started (2 workers, a chief, 1 parameter server(s))" in first.stdout
+    assert "train-cnn-dropout: started (2 workers)" in first.stdout
+    logs = next(root.glob("logs/*"))
+    assert sorted(p.name for p in (logs / "train-cnn").iterdir()) == [
+        "chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert "train[chief:0]: exported" in (logs / "train-cnn" / "chief-0.log").read_text()
+    assert "published: fmnist version 1" in first.stdout
+    assert re.search(r"serve: ready in [0-9.]+s at http://127\.0\.0\.1:\d+; test image 0", first.stdout)
+    metrics = json.loads((root / "exports" / "cnn" / "metrics.json").read_text())
+    assert (metrics["workers"], metrics["global_batch_size"]) == (2, 16)
+
+    switched = run_module("pipeline", *args, "--strategy", "sync")
+    assert switched.returncode == 0, switched.stdout[-3000:] + switched.stderr[-3000:]
+    assert "train-cnn: started (2 workers)\n" in switched.stdout  # not the parameter-server export
+    assert "train-cnn-dropout: memoized" in switched.stdout
