@@ -18,6 +18,9 @@ DEMO_SKIP ?= cnn_dropout
 VARIANTS ?= $(shell $(PYTHON) -c 'import sys; from trainer.variants import VARIANTS; \
 	print(*(name for name in VARIANTS if name not in sys.argv[1:]))' $(DEMO_SKIP))
 BATCH_SIZE_PER_REPLICA ?= 16
+# sync (all-reduce) or parameter-server (a chief, the workers and PARAMETER_SERVERS ps processes).
+STRATEGY ?= sync
+PARAMETER_SERVERS ?= 1
 # Unset: every variant at once (on 2 cores 3 min 0 s, against 3 min 21 s one at a time; see README).
 PARALLELISM ?=
 # ROLLOUT=promote|rollback decides the canary whatever its evidence (`make demo ROLLOUT=rollback`).
@@ -25,7 +28,8 @@ ROLLOUT ?=
 # DATA_SOURCE overrides both the official mirror and the fallback to the sample.
 DATA_FLAGS = $(if $(DATA_SOURCE),--data-source $(DATA_SOURCE),--fallback-source $(SAMPLE_DIR))
 PIPELINE_RUN = $(PY) -m pipeline run --storage-root $(DEMO_DIR) --workers $(WORKERS) \
-	--variants $(VARIANTS) --batch-size-per-replica $(BATCH_SIZE_PER_REPLICA) \
+	--variants $(VARIANTS) --batch-size-per-replica $(BATCH_SIZE_PER_REPLICA) --strategy $(STRATEGY) \
+	$(if $(filter parameter-server,$(STRATEGY)),--parameter-servers $(PARAMETER_SERVERS)) \
 	$(if $(PARALLELISM),--parallelism $(PARALLELISM)) $(if $(ROLLOUT),--rollout $(ROLLOUT)) $(DATA_FLAGS)
 
 .PHONY: demo serve evaluate test bench bench-train bench-serve lock clean

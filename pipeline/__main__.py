@@ -3,7 +3,7 @@
     python -m pipeline run [--config FILE] [--data-source SRC] [--fallback-source SRC]
         [--variants V...] [--workers N] [--epochs N] [--steps-per-epoch N]
         [--batch-size-per-replica B] [--storage-root DIR] [--parallelism P] [--min-improvement M]
-        [--rollout promote|rollback] [--serve]
+        [--strategy sync|parameter-server] [--parameter-servers N] [--rollout promote|rollback] [--serve]
     python -m pipeline promote [--config FILE] [--storage-root DIR]
     python -m pipeline rollback [--config FILE] [--storage-root DIR] [--to-version N]
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
@@ -38,6 +38,7 @@ OVERRIDES = {
     "workers": "workers", "epochs": "epochs", "steps_per_epoch": "stepsPerEpoch",
     "batch_size_per_replica": "batchSizePerReplica", "storage_root": "storageRoot",
     "parallelism": "parallelism", "retries": "retries",
+    "strategy": "strategy", "parameter_servers": "parameterServers",
 }
 # Flag -> key of the `pipeline.promotion` section.
 PROMOTION_OVERRIDES = {"min_improvement": "minImprovement"}
@@ -53,8 +54,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run.add_argument("--variants", nargs="+")
     # Numbers stay text here so that the config parser judges them, naming the config key.
     for flag in ("--workers", "--epochs", "--steps-per-epoch", "--batch-size-per-replica",
-                 "--parallelism", "--retries"):
+                 "--parallelism", "--retries", "--parameter-servers"):
         run.add_argument(flag, type=int)
+    run.add_argument("--strategy", help="sync or parameter-server, for every variant")
     run.add_argument("--storage-root", help="where data, checkpoints, exports, models and logs go")
     run.add_argument("--min-improvement", type=float,
                      help="publish only if the winner's validation accuracy beats the served version's "

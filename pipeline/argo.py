@@ -109,14 +109,26 @@ def select_template(config: PipelineConfig, step: Step, target: ClusterTarget) -
                 {"name": VERSION_PARAMETER, "valueFrom": {"path": PUBLISHED_VERSION_FILE}}]}}
 
 
+def train_conditions(step: Step) -> tuple[str, str]:
+    """When the TFJob's step succeeds and fails. Argo requires every requirement of a
+    successCondition but fails on any one of a failureCondition's (argo-workflows v4.1.2 and v3.7.18
+    workflow/executor/resource.go, matchConditions): the comma there is an or."""
+    if step.parameter_servers:
+        return ("status.replicaStatuses.Chief.succeeded = 1",
+                "status.replicaStatuses.Chief.failed > 0,status.replicaStatuses.PS.failed > 0")
+    return (f"status.replicaStatuses.Worker.succeeded = {step.replicas}",
+            "status.replicaStatuses.Worker.failed > 0")
+
+
 def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
+    success, failure = train_conditions(step)
     return {
         "name": step.name,
         "resource": {
             "action": "create",
             "setOwnerReference": True,  # deleting the workflow deletes its TFJobs and their pods
-            "successCondition": f"status.replicaStatuses.Worker.succeeded = {step.replicas}",
-            "failureCondition": "status.replicaStatuses.Worker.failed > 0",
+            "successCondition": success,
+            "failureCondition": failure,
             "manifest": to_yaml(tfjob(config, step, target)),
         },
     }

@@ -163,6 +163,7 @@ DEFAULT_TRAINER_RESOURCES = Resources(requests={"cpu": "1", "memory": "2Gi"},
                                       limits={"cpu": "2", "memory": "4Gi"})
 DEFAULT_SERVING_RESOURCES = Resources(requests={"cpu": "500m", "memory": "1Gi"},
                                       limits={"cpu": "1", "memory": "2Gi"})
+DEFAULT_PARAMETER_SERVERS = 1
 DEFAULT_STEP_RESOURCES = Resources(requests={"cpu": "250m", "memory": "1Gi"},
                                    limits={"cpu": "1", "memory": "2Gi"})
 
@@ -199,6 +200,37 @@ VARIANTS_SCHEMA = {"type": "array", "items": {"type": "string"}, "minItems": 1, 
                                   "trainer/variants.py (default: all of them)"}
 Variants = Annotated[tuple[Literal[VARIANTS], ...], BeforeValidator(_variant_list),
                      WithJsonSchema(VARIANTS_SCHEMA)]
+# How a variant trains: all-reduce across workers (MultiWorkerMirroredStrategy), or asynchronous
+# steps on workers that share variables on parameter servers (ParameterServerStrategy).
+SYNC, PARAMETER_SERVER = "sync", "parameter-server"
+StrategyName = Literal["sync", "parameter-server"]
+STRATEGIES = get_args(StrategyName)
+
+
+def _strategy_choice(value: Any) -> Any:
+    """One strategy for every variant, or a mapping of variant to strategy (others: sync)."""
+    if isinstance(value, Mapping):
+        for variant, strategy in value.items():
+            if variant not in VARIANTS:
+                raise fail(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+            if strategy not in STRATEGIES:
+                raise fail(f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}", str(variant))
+        return dict(value)
+    if value not in STRATEGIES:
+        raise fail(f"must be one of {', '.join(STRATEGIES)} or a mapping of variant to one of them, "
+                   f"got {value!r}")
+    return value
+
+
+STRATEGY_SCHEMA = {
+    "oneOf": [{"enum": list(STRATEGIES)},
+              {"type": "object", "additionalProperties": {"enum": list(STRATEGIES)},
+               "description": "variant -> strategy; variants not named train sync"}],
+    "description": "how variants train: sync (all-reduce) or parameter-server (asynchronous), for all "
+                   "of them or per variant",
+}
+Strategy = Annotated[Union[StrategyName, dict[str, StrategyName]], BeforeValidator(_strategy_choice),
+                     WithJsonSchema(STRATEGY_SCHEMA)]
 Runtime = Literal["custom", "tensorflow"]
 RUNTIMES = get_args(Runtime)
 # What KServe's Standard mode scales on (HPA); concurrency and rps need Knative, which the stacks
@@ -268,6 +300,11 @@ class PipelineSettings(WithResources):
                                description="which CNN variants to train, each once")
     workers: WholeNumber = Field(
         2, ge=1, description="worker replicas per variant (processes or TFJob Workers)")
+    strategy: Strategy = Field(
+        SYNC, description="sync or parameter-server, for every variant or per variant ({variant: strategy})")
+    parameter_servers: Positive | None = Field(
+        None, description="parameter servers (TFJob PS replicas) per variant trained with strategy "
+                          "parameter-server; default 1")
     epochs: Positive | None = Field(None, description="training epochs; default: the trainer's rule")
     batch_size_per_replica: WholeNumber = Field(16, ge=1, description="batch size per worker")
     steps_per_epoch: Positive | None = Field(
@@ -298,6 +335,29 @@ class PipelineSettings(WithResources):
     @property
     def memoize_max_age_seconds(self) -> int:
         return duration_seconds(self.memoize_max_age)
+
+    def strategy_of(self, variant: str) -> str:
+        if isinstance(self.strategy, str):
+            return self.strategy
+        return self.strategy.get(variant, SYNC)
+
+    def parameter_servers_of(self, variant: str) -> int:
+        """The parameter servers `variant` trains with: 0 under sync."""
+        if self.strategy_of(variant) != PARAMETER_SERVER:
+            return 0
+        return self.parameter_servers or DEFAULT_PARAMETER_SERVERS
+
+    @model_validator(mode="after")
+    def _consistent_training(self) -> PipelineSettings:
+        named = set(self.strategy) if isinstance(self.strategy, dict) else set()
+        if named - set(self.variants):
+            raise fail(f"names {', '.join(sorted(named - set(self.variants)))}, which variants does not "
+                       "list", "strategy")
+        if self.parameter_servers is not None and not any(
+                self.strategy_of(variant) == PARAMETER_SERVER for variant in self.variants):
+            raise fail(f"applies only to strategy {PARAMETER_SERVER}; no variant trains so",
+                       "parameterServers")
+        return self
 
 
 class PipelineConfig(PipelineSettings):

@@ -90,6 +90,8 @@ class Step:
     retries: int
     replicas: int = 1
     distributed: bool = False  # replicas get TF_CONFIG, as TFJob workers do
+    # Beside the `replicas` workers, a chief and this many parameter servers (TFJob Chief, PS).
+    parameter_servers: int = 0
     memoize: bool = False
 
     def __post_init__(self) -> None:
@@ -191,7 +193,8 @@ def train_step(config: PipelineConfig, layout: Layout, variant: str) -> Step:
                 module="trainer.train", args=tuple(args), inputs=(layout.data,),
                 outputs=(layout.checkpoints(variant), layout.export(variant)), depends=(INGEST,),
                 resources=config.trainer_resources, retries=config.retries,
-                replicas=config.workers, distributed=True, memoize=True)
+                replicas=config.workers, distributed=True,
+                parameter_servers=config.parameter_servers_of(variant), memoize=True)
 
 
 def select_step(config: PipelineConfig, layout: Layout) -> Step:

@@ -1,6 +1,8 @@
 """The local engine: every step as processes on this machine, as Argo and TFJob run them as pods.
 
 - A step's replicas are processes; training replicas get a generated TF_CONFIG on free ports.
+  Under parameter servers a chief and the ps tasks join the workers (trainer.launch): the step
+  ends when the chief does, a lost worker is started again, a lost chief or ps fails the attempt.
 - Steps start when their dependencies have finished, at most `parallelism` at once.
 - A failed step is restarted whole (TFJob's `restartPolicy: OnFailure`; training resumes from
   BackupAndRestore) up to `retries` times, then the run fails naming the step and quoting its log.
@@ -219,15 +221,19 @@ class LocalRun:
         if number == 1 and prepare is not None:
             prepare(self, step)
         argv = [sys.executable, "-m", step.module, *step.args]
-        workers = launch.start_replicas(argv, step.replicas, self.log_dir / step.name, step.distributed)
+        workers = launch.start_replicas(argv, step.replicas, self.log_dir / step.name, step.distributed,
+                                        step.parameter_servers)
         self.running[step.name] = Attempt(step, workers, number, time.monotonic())
         replicas = f" ({step.replicas} workers)" if step.distributed else ""
+        if step.parameter_servers:
+            replicas = f" ({step.replicas} workers, a chief, {step.parameter_servers} parameter server(s))"
         if number == 1:
             self.print(f"{self.elapsed()} {step.name}: started{replicas}")
 
     def check(self, attempt: Attempt) -> None:
         step = attempt.step
-        if launch.all_succeeded(attempt.workers):
+        if launch.job_succeeded(attempt.workers):
+            launch.stop_workers(attempt.workers)  # parameter servers and their workers never exit
             seconds = time.monotonic() - attempt.started
             del self.running[step.name]
             self.output_digests[step.name] = self.outputs_digest(step)
@@ -237,6 +243,9 @@ class LocalRun:
                 self.print(f"{self.elapsed()} {step.name}: {warning}")
             self.print(f"{self.elapsed()} {step.name}: finished in {seconds:.1f}s")
             return
+        for restarted in launch.restart_lost_workers(attempt.workers):
+            self.print(f"{self.elapsed()} {step.name}: {restarted.name} was lost; restarted it "
+                       f"({restarted.restarts}/{launch.WORKER_RESTARTS})")
         failed = launch.first_failure(attempt.workers)
         if failed is None:
             return
@@ -245,8 +254,8 @@ class LocalRun:
         if attempt.number > step.retries:
             raise StepFailed(f"step {step.name} failed after {attempt.number} attempt(s): "
                              f"{launch.describe_failure(failed)}")
-        self.print(f"{self.elapsed()} {step.name}: worker {failed.index} exited with status "
-                   f"{failed.process.returncode}; restarting all {step.replicas} (retry "
+        self.print(f"{self.elapsed()} {step.name}: {failed.name} exited with status "
+                   f"{failed.process.returncode}; restarting all {len(attempt.workers)} (retry "
                    f"{attempt.number}/{step.retries})")
         self.start(step, attempt.number + 1)
 
@@ -295,7 +304,8 @@ StepHook = Callable[[LocalRun, Step], None]
 
 def command_key(run: LocalRun, step: Step) -> str:
     """The step's command, replicas, the trainer's code and the digests of what its inputs came from."""
-    return digest({"command": step.command, "replicas": step.replicas, "code": run.code_digest,
+    return digest({"command": step.command, "replicas": step.replicas,
+                   "parameter_servers": step.parameter_servers, "code": run.code_digest,
                    "inputs": {name: run.output_digests[name] for name in step.depends}})
 
 

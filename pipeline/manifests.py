@@ -139,26 +139,45 @@ def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labe
     return {"metadata": metadata, "spec": spec}
 
 
-def tfjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: str | None = None) -> dict:
-    """The TFJob of a training step: `workers` Worker replicas that restart on failure and resume.
+# A failed container restarts in place (same pod, same address in every TF_CONFIG) and resumes from
+# BackupAndRestore. The training operator fails a TFJob as soon as any replica's pod has failed
+# (kubeflow/trainer v1.9.4 pkg/controller.v1/tensorflow/tfjob_controller.go UpdateJobStatus), so a
+# lost worker is tolerated only because its pod does not fail.
+RESTART_POLICY = "OnFailure"
 
+
+def replica_spec(config: PipelineConfig, step: Step, target: ClusterTarget, labels: dict,
+                 replicas: int) -> dict:
+    return {"replicas": replicas, "restartPolicy": RESTART_POLICY,
+            "template": pod_template(config, step, target, labels)}
+
+
+def tfjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: str | None = None) -> dict:
+    """The TFJob of a training step: `workers` Worker replicas that restart on failure and resume;
+    under parameter servers also a Chief (the coordinator) and `parameterServers` PS replicas.
+
+    With a Chief, the job succeeds when the Chief does (the default successPolicy ""; AllWorkers
+    would wait for workers that never exit), and cleanPodPolicy Running then deletes the workers
+    and parameter servers, which serve until stopped. A restarted PS comes back without the
+    variables: the coordinator fails, and the restarted Chief restores its last epoch's backup.
     Its default name is the workflow's plus the step's, so that every run creates its own.
     """
     labels = {WORKFLOW_LABEL: WORKFLOW_NAME, **PART_OF}
+    replicas = {"Worker": replica_spec(config, step, target, labels, step.replicas)}
+    # Pods stay after the job so that `argo logs` and `kubectl logs` can read them; under parameter
+    # servers only the Chief's, since the others never end by themselves.
+    clean_pod_policy = "None"
+    if step.parameter_servers:
+        replicas = {"Chief": replica_spec(config, step, target, labels, 1), **replicas,
+                    "PS": replica_spec(config, step, target, labels, step.parameter_servers)}
+        clean_pod_policy = "Running"
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
         "metadata": {"name": name or f"{WORKFLOW_NAME}-{step.name}", "labels": labels},
         "spec": {
-            # Pods stay after the job so that `argo logs` and `kubectl logs` can read them.
-            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": step.retries},
-            "tfReplicaSpecs": {
-                "Worker": {
-                    "replicas": step.replicas,
-                    "restartPolicy": "OnFailure",
-                    "template": pod_template(config, step, target, labels),
-                },
-            },
+            "runPolicy": {"cleanPodPolicy": clean_pod_policy, "backoffLimit": step.retries},
+            "tfReplicaSpecs": replicas,
         },
     }
 

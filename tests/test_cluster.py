@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from trainer.cluster import ClusterConfigError, local_tf_configs, parse_tf_config
+from trainer.cluster import (
+    ClusterConfigError,
+    local_parameter_server_tasks,
+    local_tf_configs,
+    parse_tf_config,
+)
 
 
 def test_no_tf_config_is_one_local_worker():
@@ -39,8 +44,12 @@ def test_chief_task_is_chief_and_counts_as_a_worker():
      "cluster.worker must be a non-empty list"),
     ('{"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}}',
      "'host:port'"),
+    ('{"cluster": {"worker": ["a:1"], "evaluator": ["e:2"]}, "task": {"type": "worker", "index": 0}}',
+     "task types \\['evaluator'\\] are not supported; use chief, worker, ps"),
     ('{"cluster": {"worker": ["a:1"], "ps": ["p:2"]}, "task": {"type": "worker", "index": 0}}',
-     "\\['ps'\\] are not supported"),
+     "a cluster with ps tasks needs a chief and worker tasks"),
+    ('{"cluster": {"chief": ["c:1"], "ps": ["p:2"]}, "task": {"type": "chief", "index": 0}}',
+     "a cluster with ps tasks needs a chief and worker tasks"),
     ('{"cluster": {"worker": ["a:1"]}}', "'task' must be an object"),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 0}}',
      "task.type 'evaluator' is not one of"),
@@ -59,3 +68,27 @@ def test_local_tf_configs_give_each_worker_its_task_on_distinct_ports():
     assert all(c["cluster"]["worker"] == workers for c in configs)
     assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
     assert [parse_tf_config(json.dumps(c)).is_chief for c in configs] == [True, False, False]
+
+
+def test_a_cluster_with_ps_tasks_counts_only_its_workers_and_its_chief_coordinates():
+    cluster = {"chief": ["c:1"], "worker": ["w:2", "w:3"], "ps": ["p:4", "p:5"]}
+    specs = {(kind, index): parse_tf_config(json.dumps({"cluster": cluster,
+                                                         "task": {"type": kind, "index": index}}))
+             for kind, addresses in cluster.items() for index in range(len(addresses))}
+    assert all(s.uses_parameter_servers for s in specs.values())
+    assert {(s.num_workers, s.num_parameter_servers) for s in specs.values()} == {(2, 2)}
+    assert [key for key, s in specs.items() if s.is_chief] == [("chief", 0)]
+    assert not parse_tf_config(json.dumps({"cluster": {"worker": ["a:1"]},
+                                           "task": {"type": "worker", "index": 0}})).uses_parameter_servers
+
+
+def test_local_parameter_server_tasks_are_a_tfjobs_chief_workers_and_ps_on_distinct_ports():
+    tasks = local_parameter_server_tasks(num_workers=2, num_ps=1)
+    assert [(t.task_type, t.index) for t in tasks] == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
+    configs = [json.loads(t.tf_config) for t in tasks]
+    cluster = configs[0]["cluster"]
+    addresses = [a for kind in ("chief", "worker", "ps") for a in cluster[kind]]
+    assert len(set(addresses)) == 4 and all(a.startswith("127.0.0.1:") for a in addresses)
+    assert all(c["cluster"] == cluster for c in configs)
+    assert [c["task"] for c in configs] == [{"type": t.task_type, "index": t.index} for t in tasks]
+    assert [parse_tf_config(t.tf_config).is_chief for t in tasks] == [True, False, False, False]

@@ -76,7 +76,32 @@ BAD_CONFIGS = [
     ({"pipeline": {"promotion": {"minImprovment": 0.1}}},
      "pipeline.promotion.minImprovment: unknown setting; known: minImprovement"),
     ({"pipeline": {"promotion": 0.1}}, "pipeline.promotion: must be a mapping"),
+    ({"pipeline": {"strategy": "ps"}}, "pipeline.strategy: must be one of sync, parameter-server or a "
+                                       "mapping of variant to one of them, got 'ps'"),
+    ({"pipeline": {"strategy": {"cnn": "async"}}},
+     "pipeline.strategy.cnn: must be one of sync, parameter-server, got 'async'"),
+    ({"pipeline": {"strategy": {"resnet": "sync"}}}, "pipeline.strategy: unknown variant 'resnet'"),
+    ({"pipeline": {"variants": ["cnn"], "strategy": {"cnn_dropout": "parameter-server"}}},
+     "pipeline.strategy: names cnn_dropout, which variants does not list"),
+    ({"pipeline": {"strategy": "parameter-server", "parameterServers": 0}},
+     "pipeline.parameterServers: must be an integer >= 1, got 0"),
+    ({"pipeline": {"parameterServers": 2}},
+     "pipeline.parameterServers: applies only to strategy parameter-server; no variant trains so"),
+    ({"pipeline": {"strategy": {"cnn": "sync"}, "parameterServers": 1}}, "pipeline.parameterServers"),
 ]
+
+
+def test_the_strategy_is_sync_by_default_and_may_be_chosen_per_variant():
+    default = parse_config(None)
+    assert {default.strategy_of(v) for v in VARIANTS} == {"sync"}
+    assert [default.parameter_servers_of(v) for v in VARIANTS] == [0] * len(VARIANTS)
+    every = parse_config({"pipeline": {"strategy": "parameter-server"}})
+    assert [every.parameter_servers_of(v) for v in VARIANTS] == [1] * len(VARIANTS)
+    mixed = parse_config({"pipeline": {"variants": ["cnn", "cnn_dropout"], "parameterServers": 3.0,
+                                       "strategy": {"cnn_dropout": "parameter-server"}}})
+    assert [(mixed.strategy_of(v), mixed.parameter_servers_of(v)) for v in mixed.variants] == [
+        ("sync", 0), ("parameter-server", 3)]
+    assert parse_config(yaml.safe_load(yaml.safe_dump(file_form(mixed)))) == mixed
 
 
 def test_the_promotion_margin_defaults_to_not_worse_and_reaches_select():
@@ -147,6 +172,7 @@ PIPELINE_VALUES = {
     "fallbackDataSource": st.none() | TEXT, "storageRoot": TEXT,
     "modelName": st.from_regex(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", fullmatch=True),
     "retries": st.integers(0, 9), "parallelism": st.none() | st.integers(1, 9),
+    "strategy": st.sampled_from(["sync", "parameter-server"]),
     "memoizeMaxAge": st.from_regex(r"^(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?$", fullmatch=True).filter(bool),
     "trainerResources": st.fixed_dictionaries({}, optional={"requests": AMOUNTS, "limits": AMOUNTS}),
 }

@@ -204,3 +204,74 @@ def test_a_canary_with_tf_serving_is_a_config_error_naming_the_key():
         argo.render_objects(parse_config({"serving": {"runtime": "tensorflow"}}))
     assert str(error.value) == ("pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: "
                                 "TF Serving serves no /metrics to judge a canary on; got 10")
+
+
+PS_CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "parameterServers": 2,
+                          "strategy": {"cnn": "parameter-server"}}}
+
+
+@pytest.mark.parametrize("argo_version", sorted(ARGO_CRDS))
+def test_a_parameter_server_tfjob_validates_against_the_upstream_schemas(validate_crd, argo_version):
+    template = argo.workflow_template(parse_config(PS_CONFIG), ClusterTarget(argo_version=argo_version))
+    assert validate_crd(f"{ARGO_CRDS[argo_version]}argoproj.io_workflowtemplates.yaml", template) == []
+    tfjob = embedded(template, "train-cnn")
+    assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Chief", "Worker", "PS"}
+    assert validate_crd("kubeflow.org_tfjobs.yaml", tfjob) == []
+
+
+def test_a_parameter_server_tfjob_has_a_chief_workers_and_ps_and_ends_with_the_chief():
+    template = argo.workflow_template(parse_config(PS_CONFIG))
+    tfjob = embedded(template, "train-cnn")
+    replicas = tfjob["spec"]["tfReplicaSpecs"]
+    assert {kind: spec["replicas"] for kind, spec in replicas.items()} == {"Chief": 1, "Worker": 3, "PS": 2}
+    # A lost worker (or ps, or the chief) restarts in place; a failed pod would fail the job.
+    assert {spec["restartPolicy"] for spec in replicas.values()} == {"OnFailure"}
+    commands = {kind: spec["template"]["spec"]["containers"][0]["command"] for kind, spec in replicas.items()}
+    assert commands["Chief"] == commands["Worker"] == commands["PS"]  # TF_CONFIG gives each its role
+    # Done when the Chief is (successPolicy "", not AllWorkers: the workers never exit by themselves);
+    # then the running workers and parameter servers are deleted.
+    assert tfjob["spec"].get("successPolicy", "") == ""
+    assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    # The synchronous variant beside it is unchanged: Workers only, pods kept.
+    sync = embedded(template, "train-cnn-batchnorm")
+    assert set(sync["spec"]["tfReplicaSpecs"]) == {"Worker"}
+    assert sync["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+
+
+def argo_outcome(resource: dict, status: dict) -> str:
+    """What Argo decides for a resource step on `status` (argo-workflows workflow/executor/resource.go
+    matchConditions): failed if any failure requirement holds, succeeded if every success one does.
+    Requirements here are `path op integer`, as the train templates write them."""
+    def holds(requirement: str) -> bool:
+        path, op, value = requirement.split(" ")
+        node: object = {"status": status}
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            return False
+        return {"=": node == int(value), ">": node > int(value)}[op]
+
+    if any(holds(r) for r in resource["failureCondition"].split(",")):
+        return "failed"
+    return "succeeded" if all(holds(r) for r in resource["successCondition"].split(",")) else "running"
+
+
+@pytest.mark.parametrize(("replica_statuses", "outcome"), [
+    ({"Chief": {"active": 1}, "Worker": {"active": 3}, "PS": {"active": 2}}, "running"),
+    ({"Chief": {"succeeded": 1}, "Worker": {"active": 3}, "PS": {"active": 2}}, "succeeded"),
+    ({"Chief": {"succeeded": 1}}, "succeeded"),  # cleanPodPolicy Running deleted the others
+    ({"Chief": {"active": 1}, "Worker": {"failed": 1, "active": 2}, "PS": {"active": 2}}, "running"),
+    ({"Chief": {"failed": 1}, "Worker": {"active": 3}, "PS": {"active": 2}}, "failed"),
+    ({"Chief": {"active": 1}, "Worker": {"active": 3}, "PS": {"failed": 1, "active": 1}}, "failed"),
+])
+def test_the_parameter_server_step_succeeds_with_the_chief_and_fails_with_the_chief_or_a_ps(
+        replica_statuses, outcome):
+    resource = templates(argo.workflow_template(parse_config(PS_CONFIG)))["train-cnn"]["resource"]
+    assert argo_outcome(resource, {"replicaStatuses": replica_statuses}) == outcome
+
+
+def test_the_synchronous_step_still_waits_for_every_worker():
+    resource = templates(argo.workflow_template(parse_config(PS_CONFIG)))["train-cnn-batchnorm"]["resource"]
+    assert argo_outcome(resource, {"replicaStatuses": {"Worker": {"succeeded": 2, "active": 1}}}) == "running"
+    assert argo_outcome(resource, {"replicaStatuses": {"Worker": {"succeeded": 3}}}) == "succeeded"
+    assert argo_outcome(resource, {"replicaStatuses": {"Worker": {"failed": 1}}}) == "failed"

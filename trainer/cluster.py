@@ -1,9 +1,10 @@
 """TF_CONFIG: the cluster description the training operator gives every TFJob pod, checked before
 TensorFlow starts.
 
-MultiWorkerMirroredStrategy reads TF_CONFIG itself; this module checks it first so that a malformed
-one is a clear error instead of a hang, tells whether this process is the chief (the one that
-writes), and generates one for local worker processes, as the TFJob controller does for pods.
+MultiWorkerMirroredStrategy and ParameterServerStrategy read TF_CONFIG themselves; this module checks
+it first so that a malformed one is a clear error instead of a hang, tells whether this process is
+the chief (the one that writes) and which strategy the cluster is for (a `ps` task type means
+parameter servers), and generates one for local processes, as the TFJob controller does for pods.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import json
 from common.ports import free_ports
 
 TF_CONFIG = "TF_CONFIG"
-WORKER_TYPES = ("chief", "worker")
+CHIEF, WORKER, PS = "chief", "worker", "ps"
+WORKER_TYPES = (CHIEF, WORKER)
+TASK_TYPES = (CHIEF, WORKER, PS)
 
 
 class ClusterConfigError(ValueError):
@@ -28,8 +31,20 @@ class ClusterSpec:
     task_index: int
 
     @property
+    def uses_parameter_servers(self) -> bool:
+        return PS in self.cluster
+
+    @property
     def num_workers(self) -> int:
+        """The processes that compute training steps. Under parameter servers the chief only
+        coordinates: it schedules steps on the workers."""
+        if self.uses_parameter_servers:
+            return len(self.cluster[WORKER])
         return sum(len(self.cluster.get(kind, [])) for kind in WORKER_TYPES)
+
+    @property
+    def num_parameter_servers(self) -> int:
+        return len(self.cluster.get(PS, []))
 
     @property
     def is_chief(self) -> bool:
@@ -59,10 +74,12 @@ def parse_tf_config(text: str | None) -> ClusterSpec:
     cluster, task = config.get("cluster"), config.get("task")
     if not isinstance(cluster, dict) or not cluster:
         raise _fail("'cluster' must be an object of task type to address list")
-    unsupported = sorted(set(cluster) - set(WORKER_TYPES))
+    unsupported = sorted(set(cluster) - set(TASK_TYPES))
     if unsupported:
-        raise _fail(f"task types {unsupported} are not supported by MultiWorkerMirroredStrategy; "
-                    f"use {' and '.join(WORKER_TYPES)}")
+        raise _fail(f"task types {unsupported} are not supported; use {', '.join(TASK_TYPES)}")
+    if PS in cluster and not (CHIEF in cluster and WORKER in cluster):
+        # ParameterServerStrategy's coordinator is the chief, and it schedules steps on workers.
+        raise _fail(f"a cluster with {PS} tasks needs a {CHIEF} and {WORKER} tasks")
     for kind, addresses in cluster.items():
         if (not isinstance(addresses, list) or not addresses
                 or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses)):
@@ -77,6 +94,13 @@ def parse_tf_config(text: str | None) -> ClusterSpec:
     return ClusterSpec(cluster=cluster, task_type=task_type, task_index=task_index)
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalTask:
+    task_type: str
+    index: int
+    tf_config: str
+
+
 def local_tf_configs(num_workers: int) -> list[str]:
     """One TF_CONFIG per worker process on 127.0.0.1, as the TFJob controller writes them."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
@@ -84,3 +108,13 @@ def local_tf_configs(num_workers: int) -> list[str]:
         json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
         for index in range(num_workers)
     ]
+
+
+def local_parameter_server_tasks(num_workers: int, num_ps: int) -> list[LocalTask]:
+    """The chief, `num_workers` workers and `num_ps` parameter servers on 127.0.0.1, each with the
+    TF_CONFIG the TFJob controller writes for its Chief, Worker and PS pods; the chief first."""
+    ports = iter(free_ports(1 + num_workers + num_ps))
+    cluster = {kind: [f"127.0.0.1:{next(ports)}" for _ in range(count)]
+               for kind, count in ((CHIEF, 1), (WORKER, num_workers), (PS, num_ps))}
+    return [LocalTask(kind, index, json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}))
+            for kind, addresses in cluster.items() for index in range(len(addresses))]

@@ -56,19 +56,21 @@ def augment(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]
     return shift(zoom(tf.image.random_flip_left_right(images), ZOOM_FRACTION)), labels
 
 
-def training_dataset(split: Split, global_batch_size: int) -> tf.data.Dataset:
+def training_dataset(split: Split, global_batch_size: int,
+                     shuffle_seed: int | tf.Tensor = SHUFFLE_SEED) -> tf.data.Dataset:
     """Endless shuffled, augmented batches of `global_batch_size`; each worker keeps its shard.
 
     Shuffling and batching indices, then gathering whole batches, keeps per-image work out of
     tf.data. Repeating forever and stopping at a fixed steps_per_epoch gives every worker the
-    same number of steps, which synchronous all-reduce needs.
+    same number of steps, which synchronous all-reduce needs. `shuffle_seed` may be a tensor
+    computed where the dataset is built (parameter-server workers each build their own).
     """
     images, labels = tf.constant(split.images), tf.constant(split.labels)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return (
         tf.data.Dataset.range(len(split))
-        .shuffle(len(split), seed=SHUFFLE_SEED, reshuffle_each_iteration=True)
+        .shuffle(len(split), seed=shuffle_seed, reshuffle_each_iteration=True)
         .repeat()
         .batch(global_batch_size, drop_remainder=True)
         .map(lambda index: (tf.gather(images, index), tf.gather(labels, index)))

@@ -1,12 +1,15 @@
-"""Train one CNN variant with MultiWorkerMirroredStrategy and export it for serving.
+"""Train one CNN variant across workers, synchronously or with parameter servers, and export it.
 
     python -m trainer.train --model NAME --data-dir DATA_DIR --checkpoint-dir CKPT \\
         --export-dir EXPORT [--epochs N] [--batch-size-per-replica B] [--steps-per-epoch S] \\
         [--learning-rate LR]
 
 The cluster comes from TF_CONFIG, as TFJob sets it in every pod; without it this is one local
-worker. Every worker runs the same code and the same number of steps; only the chief writes the
-export. BackupAndRestore under CKPT lets restarted workers resume from the last completed epoch.
+worker. Synchronous (worker tasks only, MultiWorkerMirroredStrategy): every worker runs the same code
+and the same number of steps; only the chief writes the export. With `ps` tasks
+(ParameterServerStrategy, trainer.parameter_server): workers and parameter servers only serve, and
+the chief coordinates the steps and writes the export. BackupAndRestore under CKPT lets restarted
+workers (or a restarted chief) resume from the last completed epoch.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from common import cli
-from trainer import data, export, models
+from trainer import data, export, models, parameter_server
 from trainer.atomic import staged_directory
 from trainer.cluster import LOCAL, TF_CONFIG, ClusterConfigError, ClusterSpec, parse_tf_config
 from trainer.fashion_mnist import DatasetError, Split, load_split
@@ -120,10 +123,13 @@ class ProgressLogger(keras.callbacks.Callback):
 
 
 def distribution_strategy(cluster: ClusterSpec) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy for a cluster from TF_CONFIG. A lone local worker takes the
-    default strategy: there all-reduce has nothing to do but costs about 10% of a step."""
+    """MultiWorkerMirroredStrategy for a cluster from TF_CONFIG, ParameterServerStrategy for one with
+    parameter servers. A lone local worker takes the default strategy: there all-reduce has nothing
+    to do but costs about 10% of a step."""
     if cluster is LOCAL:
         return tf.distribute.get_strategy()
+    if cluster.uses_parameter_servers:
+        return parameter_server.strategy(cluster)
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
@@ -142,6 +148,25 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "smoothing": self.smoothing}
+
+
+def global_batch_size(batch_size_per_replica: int, strategy: tf.distribute.Strategy,
+                      cluster: ClusterSpec) -> int:
+    """The examples behind one update of the weights. Under parameter servers a step is one
+    worker's, and it takes the batch of all the workers, so that a config means the same global
+    batch, steps per epoch and learning rate under either strategy."""
+    if cluster.uses_parameter_servers:
+        return batch_size_per_replica * cluster.num_workers
+    return batch_size_per_replica * strategy.num_replicas_in_sync
+
+
+def training_input(cluster: ClusterSpec, split: Split,
+                   global_batch: int) -> tf.data.Dataset | keras.utils.experimental.DatasetCreator:
+    """A dataset that every worker shards, or under parameter servers a DatasetCreator from which
+    each worker builds its own (model.fit's only input there besides in-memory arrays)."""
+    if cluster.uses_parameter_servers:
+        return parameter_server.training_input(split, global_batch)
+    return data.training_dataset(split, global_batch)
 
 
 def compiled_model(name: str, learning_rate: float) -> keras.Model:
@@ -197,7 +222,7 @@ def train(config: TrainConfig, cluster: ClusterSpec) -> None:
     train_split, validation_split = data.split_validation(load_split(config.data_dir, "train"))
     strategy = distribution_strategy(cluster)
     keras.utils.set_random_seed(TRAINING_SEED)
-    global_batch = config.batch_size_per_replica * strategy.num_replicas_in_sync
+    global_batch = global_batch_size(config.batch_size_per_replica, strategy, cluster)
     steps_per_epoch = config.steps_per_epoch or max(1, len(train_split) // global_batch)
     epochs = config.epochs or max(MIN_EPOCHS, math.ceil(MIN_EXAMPLES_SEEN / len(train_split)))
     log(cluster, f"{config.model}: {len(train_split)} training images, {cluster.num_workers} "
@@ -213,7 +238,7 @@ def train(config: TrainConfig, cluster: ClusterSpec) -> None:
                                     profile_batch=0),
         progress,
     ]
-    model.fit(data.training_dataset(train_split, global_batch), epochs=epochs,
+    model.fit(training_input(cluster, train_split, global_batch), epochs=epochs,
               steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
 
     def write_metrics(export_dir: Path) -> dict:
@@ -249,6 +274,8 @@ def claim_checkpoint_dir(checkpoint_dir: Path, model: str, cluster: ClusterSpec)
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     cluster = parse_tf_config(os.environ.get(TF_CONFIG))
+    if cluster.uses_parameter_servers and not cluster.is_chief:
+        parameter_server.serve_forever(cluster)
     claim_checkpoint_dir(config.checkpoint_dir, config.model, cluster)
     train(config, cluster)
 

@@ -1,0 +1,232 @@
+"""Parameter-server training with real processes: a chief, two workers and one parameter server on
+127.0.0.1 train and export a model that serves; a lost worker, a lost chief and a lost parameter
+server each still end in an export."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_module, train_args
+from PIL import Image
+
+from trainer import fashion_mnist
+from trainer.atomic import is_committed
+from trainer.launch import (
+    WORKER_RESTARTS,
+    Worker,
+    WorkerFailed,
+    start_replicas,
+    start_workers,
+    stop_workers,
+    wait_for_workers,
+)
+
+EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
+DEADLINE_SECONDS = 300
+# Long enough that a replica can be killed between two epochs, short enough for 2 shared cores.
+LONG_RUN = ("--epochs", "6", "--steps-per-epoch", "30", "--batch-size-per-replica", "16")
+
+
+# A stand-in replica: exits with the status given for its task ("chief:0" -> 0), else serves forever.
+FAKE_REPLICA = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+print(f"{task['type']}:{task['index']} up", flush=True)
+exits = dict(item.split("=") for item in sys.argv[1:])
+key = f"{task['type']}:{task['index']}"
+if key in exits:
+    time.sleep(0.5)
+    sys.exit(int(exits[key]))
+time.sleep(600)
+"""
+
+
+def fake_job(tmp_path: Path, *exits: str) -> list[Worker]:
+    return start_replicas([sys.executable, "-c", FAKE_REPLICA, *exits], 2, tmp_path, distributed=True,
+                          parameter_servers=1)
+
+
+def test_the_job_ends_when_the_chief_succeeds_and_the_others_are_stopped(tmp_path):
+    workers = fake_job(tmp_path, "chief:0=0")
+    wait_for_workers(workers)
+    assert {w.name: w.process.returncode for w in workers} == {
+        "chief 0": 0, "worker 0": -signal.SIGTERM, "worker 1": -signal.SIGTERM, "ps 0": -signal.SIGTERM}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chief-0.log", "ps-0.log", "worker-0.log",
+                                                         "worker-1.log"]
+
+
+def test_a_worker_that_keeps_failing_is_restarted_then_fails_the_job(tmp_path):
+    workers = fake_job(tmp_path, "worker:1=3")
+    with pytest.raises(WorkerFailed, match=r"^worker 1 exited with status 3; the end of .*worker-1.log"):
+        wait_for_workers(workers)
+    assert by_name(workers, "worker 1").restarts == WORKER_RESTARTS
+    assert (tmp_path / "worker-1.log").read_text().count("worker:1 up") == 1 + WORKER_RESTARTS
+    assert all(w.process.poll() is not None for w in workers)
+
+
+@pytest.mark.parametrize("lost", ["ps:0=0", "chief:0=1"])
+def test_a_parameter_server_exiting_or_the_chief_failing_fails_the_job_at_once(tmp_path, lost):
+    workers = fake_job(tmp_path, lost)
+    task = lost.split("=")[0].replace(":", " ")
+    with pytest.raises(WorkerFailed, match=f"^{task} exited with status {lost[-1]}"):
+        wait_for_workers(workers)
+    assert all(w.process.poll() is not None for w in workers)
+
+
+def read_epochs(log: Path) -> list[int]:
+    return [int(match.group(1)) for match in EPOCH_END.finditer(log.read_text(errors="replace"))]
+
+
+def by_name(workers: list[Worker], name: str) -> Worker:
+    return next(worker for worker in workers if worker.name == name)
+
+
+def wait_for_epochs(chief: Worker, count: int, workers: list[Worker]) -> int:
+    """Waits until the chief has logged `count` epochs (every replica still up); the last logged."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while len(read_epochs(chief.log_path)) < count:
+        assert time.monotonic() < deadline, chief.log_tail(40)
+        assert all(w.process.poll() is None for w in workers), [w.log_tail(40) for w in workers]
+        time.sleep(0.05)
+    return max(read_epochs(chief.log_path))
+
+
+def assert_serves(export_dir: Path, data_dir: Path) -> None:
+    """The export's `serving_default` classifies PNG bytes as its `pixels` signature does."""
+    assert is_committed(export_dir)
+    test = fashion_mnist.load_split(data_dir, "test")
+    images = test.images[:8]
+    encoded = []
+    for pixels in images:
+        buffer = io.BytesIO()
+        Image.fromarray(pixels[..., 0]).save(buffer, format="PNG")
+        encoded.append(buffer.getvalue())
+    loaded = tf.saved_model.load(str(export_dir))
+    by_bytes = loaded.signatures["serving_default"](image_bytes=tf.constant(encoded))
+    by_pixels = loaded.signatures["pixels"](pixels=tf.constant(images, tf.float32))
+    assert by_bytes["probabilities"].shape == (8, 10)
+    np.testing.assert_allclose(by_bytes["probabilities"], by_pixels["probabilities"], atol=1e-5)
+    names = [name.decode() for name in by_bytes["class_name"].numpy()]
+    assert names == [fashion_mnist.CLASS_NAMES[i] for i in by_bytes["class_id"].numpy()]
+
+
+@pytest.fixture(scope="module")
+def ps_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Worker]]:
+    """`cnn` trained for a few steps by a chief, two workers and one parameter server."""
+    work_dir = tmp_path_factory.mktemp("parameter-server")
+    workers = start_workers(train_args("cnn", data_dir, work_dir, "--epochs", "2", "--steps-per-epoch", "6"),
+                            num_workers=2, log_dir=work_dir / "logs", parameter_servers=1)
+    wait_for_workers(workers)
+    return work_dir / "export", workers
+
+
+def test_two_workers_and_a_parameter_server_train_and_export_a_model_that_serves(ps_run, data_dir):
+    export_dir, workers = ps_run
+    assert sorted(w.name for w in workers) == ["chief 0", "ps 0", "worker 0", "worker 1"]
+    metrics = json.loads((export_dir / "metrics.json").read_text())
+    assert metrics["workers"] == 2  # the chief coordinates, it computes no steps
+    assert metrics["epochs"] == 2 and metrics["steps_per_epoch"] == 6
+    assert metrics["global_batch_size"] == 64  # as sync's: 32 per replica x 2, in one worker's step
+    assert metrics["validation"]["examples"] == 50
+    assert_serves(export_dir, data_dir)
+
+
+def test_workers_and_parameter_servers_are_stopped_when_the_chief_ends(ps_run):
+    _, workers = ps_run
+    assert [w.process.returncode for w in workers if w.task_type == "chief"] == [0]
+    # Neither exits by itself (tf.distribute.Server.join): the launcher's SIGTERM ended them.
+    assert {w.name: w.process.returncode for w in workers if w.task_type != "chief"} == {
+        "worker 0": -signal.SIGTERM, "worker 1": -signal.SIGTERM, "ps 0": -signal.SIGTERM}
+
+
+def test_a_worker_killed_mid_run_is_tolerated_and_the_run_ends_in_an_export(data_dir, tmp_path):
+    workers = start_workers(train_args("cnn", data_dir, tmp_path, *LONG_RUN), num_workers=2,
+                            log_dir=tmp_path / "logs", parameter_servers=1)
+    try:
+        wait_for_epochs(by_name(workers, "chief 0"), 1, workers)
+        by_name(workers, "worker 1").process.send_signal(signal.SIGKILL)
+        wait_for_workers(workers)  # restarts the lost worker, as TFJob's restartPolicy OnFailure
+    finally:
+        stop_workers(workers)
+    assert by_name(workers, "worker 1").restarts == 1
+    assert read_epochs(by_name(workers, "chief 0").log_path) == [1, 2, 3, 4, 5, 6]
+    assert_serves(tmp_path / "export", data_dir)
+
+
+def test_a_restarted_chief_resumes_from_its_checkpoint(data_dir, tmp_path):
+    workers = start_workers(train_args("cnn", data_dir, tmp_path, *LONG_RUN), num_workers=2,
+                            log_dir=tmp_path / "logs", parameter_servers=1)
+    chief = by_name(workers, "chief 0")
+    try:
+        completed = wait_for_epochs(chief, 2, workers)
+        chief.process.send_signal(signal.SIGKILL)
+        chief.process.wait()
+        completed = max(read_epochs(chief.log_path))
+        assert 2 <= completed < 6
+        chief.restart()  # alone, as TFJob restarts a Chief pod: workers and the ps keep running
+        wait_for_workers(workers)
+    finally:
+        stop_workers(workers)
+    log = chief.log_path.read_text()
+    assert f"resuming from backup at epoch {completed + 1}/6" in log
+    assert read_epochs(chief.log_path)[-(6 - completed):] == list(range(completed + 1, 7))
+    assert_serves(tmp_path / "export", data_dir)
+
+
+def test_a_lost_parameter_server_fails_the_job_and_the_rerun_resumes(data_dir, tmp_path):
+    args = train_args("cnn", data_dir, tmp_path, *LONG_RUN)
+    workers = start_workers(args, num_workers=2, log_dir=tmp_path / "run-1", parameter_servers=1)
+    try:
+        wait_for_epochs(by_name(workers, "chief 0"), 2, workers)
+        by_name(workers, "ps 0").process.send_signal(signal.SIGKILL)
+        with pytest.raises(WorkerFailed, match=r"^ps 0 exited with status -9"):
+            wait_for_workers(workers)
+    finally:
+        stop_workers(workers)
+    completed = max(read_epochs(by_name(workers, "chief 0").log_path))
+    assert 2 <= completed < 6
+
+    # The variables lived on the lost server: the whole job starts again from the chief's backup.
+    rerun = start_workers(args, num_workers=2, log_dir=tmp_path / "run-2", parameter_servers=1)
+    wait_for_workers(rerun)
+    chief_log = by_name(rerun, "chief 0").log_path
+    assert f"resuming from backup at epoch {completed + 1}/6" in chief_log.read_text()
+    assert read_epochs(chief_log) == list(range(completed + 1, 7))
+    assert_serves(tmp_path / "export", data_dir)
+
+
+def test_the_local_pipeline_trains_with_parameter_servers_publishes_and_serves(sample_dir, tmp_path):
+    """`make demo STRATEGY=parameter-server` in small: one variant under parameter servers and one
+    synchronous beside it (strategy per variant), then a switch of strategy retrains (memo key)."""
+    root = tmp_path / "root"
+    config = tmp_path / "pipeline.yaml"
+    # No parameterServers key (default 1): it would be an error once --strategy sync overrides.
+    config.write_text("pipeline:\n  variants: [cnn, cnn_dropout]\n  strategy: {cnn: parameter-server}\n")
+    args = ["run", "--config", str(config), "--data-source", str(sample_dir), "--storage-root", str(root),
+            "--workers", "2", "--epochs", "1", "--steps-per-epoch", "3", "--batch-size-per-replica", "8"]
+    first = run_module("pipeline", *args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "train-cnn: started (2 workers, a chief, 1 parameter server(s))" in first.stdout
+    assert "train-cnn-dropout: started (2 workers)" in first.stdout
+    logs = next(root.glob("logs/*"))
+    assert sorted(p.name for p in (logs / "train-cnn").iterdir()) == [
+        "chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert "train[chief:0]: exported" in (logs / "train-cnn" / "chief-0.log").read_text()
+    assert "published: fmnist version 1" in first.stdout
+    assert re.search(r"serve: ready in [0-9.]+s at http://127\.0\.0\.1:\d+; test image 0", first.stdout)
+    metrics = json.loads((root / "exports" / "cnn" / "metrics.json").read_text())
+    assert (metrics["workers"], metrics["global_batch_size"]) == (2, 16)
+
+    switched = run_module("pipeline", *args, "--strategy", "sync")
+    assert switched.returncode == 0, switched.stdout[-3000:] + switched.stderr[-3000:]
+    assert "train-cnn: started (2 workers)\n" in switched.stdout  # not the parameter-server export
+    assert "train-cnn-dropout: memoized" in switched.stdout
