@@ -336,10 +336,10 @@ def test_the_local_stacks_defaults_fit_a_default_k3d_cluster(local):
     replica = predictor["containers"][0]["resources"]["requests"]
     logger = named(local, "Deployment", "dist-ml-logger")["spec"]["template"]["spec"]["containers"][0]
     training = [replica] * predictor["minReplicas"] + [logger["resources"]["requests"]]
-    for tfjob in trains:
-        worker = tfjob["spec"]["tfReplicaSpecs"]["Worker"]
-        requests = worker["template"]["spec"]["containers"][0]["resources"]["requests"]
-        training += [requests] * worker["replicas"]
+    for tfjob in trains:  # every replica type: Workers, and a Chief and PS under parameter servers
+        for replicas in tfjob["spec"]["tfReplicaSpecs"].values():
+            requests = replicas["template"]["spec"]["containers"][0]["resources"]["requests"]
+            training += [requests] * replicas["replicas"]
     rolling = [replica] * (predictor["minReplicas"] + 1) * 2 + [logger["resources"]["requests"]]
     for pods in (training, rolling):
         assert sum(quantity(p["cpu"]) for p in pods) <= 3

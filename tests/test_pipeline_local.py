@@ -87,7 +87,8 @@ def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_di
                      first.stdout)
     for step in ("ingest", "train-cnn", "train-cnn-dropout", "select"):
         assert re.search(rf"\] {step}: finished in [0-9.]+s", first.stdout), step
-    assert re.search(r"^cnn_dropout +[01]\.\d{4} +[0-9.]+s", first.stdout, re.MULTILINE)
+    # validation and test accuracy, then the train time
+    assert re.search(r"^cnn_dropout +[01]\.\d{4} +[01]\.\d{4} +[0-9.]+s", first.stdout, re.MULTILINE)
     assert "published: fmnist version 1" in first.stdout
     assert re.search(r"serve: ready in [0-9.]+s at http://127\.0\.0\.1:\d+; test image 0 \(a \w[\w -]*\) "
                      r"-> \w[\w -]* \(\d+\.\d%\)", first.stdout)
