@@ -50,12 +50,10 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # What a 503 for a full queue tells clients to wait: the queue drains in under a second.
 RETRY_AFTER_SECONDS = 1
 VERSION_HEADER_BYTES = VERSION_HEADER.encode()  # ASGI header names are lower-case bytes
-INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/[^/]+:predict$"),
-                   "v2": re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")}
-# The requests InferenceRoute answers itself: KServe's two inference routes, by their own path
-# patterns ({model_name} matches [^/]+ in Starlette).
-LEAN_PATHS = {"v1": re.compile(r"^/v1/models/(?P<model>[^/]+):predict$"),
-              "v2": re.compile(r"^/v2/models/(?P<model>[^/]+)/infer$")}
+# KServe's inference routes, by their own path patterns ({model_name} matches [^/]+ in Starlette):
+# measured by LimitAndMeasure; answered by InferenceRoute unless the path names a model version.
+INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/(?P<model>[^/]+):predict$"),
+                   "v2": re.compile(r"^/v2/models/(?P<model>[^/]+)(?P<version>/versions/[^/]+)?/infer$")}
 # Set in a request's ASGI scope when it was refused for a full queue: counted once, in
 # dist_ml_queue_full_total, not also as a "not ready" error.
 QUEUE_FULL_SCOPE_KEY = "dist_ml.queue_full"
@@ -207,8 +205,10 @@ def lean_route(scope: dict) -> tuple[str, str] | None:
     """(protocol, model name) of a request InferenceRoute answers, else None."""
     if scope["type"] != "http" or scope["method"] != "POST":
         return None
-    for protocol, pattern in LEAN_PATHS.items():
+    for protocol, pattern in INFERENCE_PATHS.items():
         if match := pattern.match(scope["path"]):
+            if match.groupdict().get("version"):
+                return None  # KServe's own route for a model version (501: not supported)
             if protocol == "v2" and b"content-type" not in dict(scope["headers"]):
                 return None  # FastAPI's reading of such a body depends on its strictness setting
             return protocol, match["model"]
