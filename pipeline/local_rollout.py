@@ -63,12 +63,10 @@ def starting_state(base: Path, published: int | None, canary_percent: int) -> Ro
     """What the server starts with: `published` (a version this run just committed) as the canary
     beside the version served before it; no canary without one of those or at 0 percent. None when
     nothing is published at all."""
+    if published is None:  # the served version alone: a canary an interrupted run left is not resumed
+        served = model_repository.served_version(base.parent, base.name)
+        return RolloutState(served) if served is not None else None
     current = model_repository.read_rollout(base)
-    if published is None:
-        if current is None:
-            latest = model_repository.latest_committed(base)
-            return RolloutState(latest) if latest is not None else None
-        return RolloutState(current.stable)  # a canary an interrupted run left is not resumed
     if current is not None:
         before = current.stable
     else:
