@@ -11,7 +11,7 @@ Signatures:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -115,10 +115,20 @@ def save_ensemble(member_dirs: Sequence[Path], export_dir: str) -> None:
     save_module(EnsembleModule([tf.saved_model.load(str(member)) for member in member_dirs]), export_dir)
 
 
+def pixels_predictor(export_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """The export loaded once, as a function: uint8 images [N, 28, 28, 1] -> class probabilities
+    [N, 10], through the `pixels` signature."""
+    predict = tf.saved_model.load(str(export_dir)).signatures[PIXELS_SIGNATURE]
+
+    def probabilities(images: np.ndarray) -> np.ndarray:
+        return predict(pixels=tf.constant(images, tf.float32))["probabilities"].numpy()
+
+    return probabilities
+
+
 def predict_pixels(export_dir: Path, images: np.ndarray) -> np.ndarray:
     """Class probabilities [N, 10] for uint8 images [N, 28, 28, 1], through the `pixels` signature."""
-    predict = tf.saved_model.load(str(export_dir)).signatures[PIXELS_SIGNATURE]
-    return predict(pixels=tf.constant(images, tf.float32))["probabilities"].numpy()
+    return pixels_predictor(export_dir)(images)
 
 
 def accuracy_and_loss(probabilities: np.ndarray, labels: np.ndarray) -> tuple[float, float]:

@@ -96,10 +96,12 @@ def check_committed(candidates: Sequence[Path]) -> None:
                                  "did trainer.train finish writing it?)")
 
 
-def predictions(export_dir: Path, split: Split) -> np.ndarray:
-    """The export's class probabilities for `split`'s images; an unreadable export is a CandidateError."""
+def predictions(export_dir: Path, *splits: Split) -> list[np.ndarray]:
+    """The export's class probabilities for each split's images, the export loaded once; an
+    unreadable export is a CandidateError."""
     try:
-        return export.predict_pixels(export_dir, split.images)
+        predict = export.pixels_predictor(export_dir)
+        return [predict(split.images) for split in splits]
     except (OSError, ValueError, KeyError) as error:
         raise CandidateError(
             f"{export_dir}: not a SavedModel with a '{export.PIXELS_SIGNATURE}' signature "
@@ -109,9 +111,9 @@ def predictions(export_dir: Path, split: Split) -> np.ndarray:
 
 def evaluate(export_dir: Path, validation: Split, test: Split, name: str | None = None,
              members: tuple[str, ...] = ()) -> Evaluation:
-    validation_accuracy, validation_loss = export.accuracy_and_loss(
-        predictions(export_dir, validation), validation.labels)
-    probabilities = predictions(export_dir, test)
+    validation_probabilities, probabilities = predictions(export_dir, validation, test)
+    validation_accuracy, validation_loss = export.accuracy_and_loss(validation_probabilities,
+                                                                    validation.labels)
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=int)
     np.add.at(confusion, (test.labels, probabilities.argmax(axis=1)), 1)
     accuracy, loss = export.accuracy_and_loss(probabilities, test.labels)
@@ -151,7 +153,8 @@ def ensemble_record(ensemble: Evaluation, members: Sequence[Evaluation]) -> dict
 def validation_accuracy(export_dir: Path, validation: Split) -> float:
     """Accuracy on the held-out validation images; a served version that cannot be read is an error
     (serving it is broken too, and a person should look before anything replaces it)."""
-    return export.accuracy_and_loss(predictions(export_dir, validation), validation.labels)[0]
+    (probabilities,) = predictions(export_dir, validation)
+    return export.accuracy_and_loss(probabilities, validation.labels)[0]
 
 
 def promotes(candidate_accuracy: float, served_accuracy: float | None, min_improvement: float) -> bool:
