@@ -103,3 +103,24 @@ def cnn_vgg(layers: ModuleType) -> list[Any]:
         layers.Dropout(0.3),
         layers.Dense(128, activation="relu"),
     ]
+
+
+@variant
+def cnn_gap(layers: ModuleType) -> list[Any]:
+    """Five batch-normalised 3x3 convolutions (16 channels, then two of 32 and two of 64, pooled
+    between), averaged over the image (global average pooling) instead of flattened into a dense
+    layer: 71k weights against `cnn`'s 347k, and what a garment looks like anywhere in the frame
+    counts the same. The best variant on validation (README, Model quality)."""
+    def conv(filters: int) -> list[Any]:
+        return [layers.Conv2D(filters, 3, padding="same"), layers.BatchNormalization(),
+                layers.Activation("relu")]
+
+    return [
+        *conv(16),
+        layers.MaxPooling2D(2),
+        *conv(32), *conv(32),
+        layers.MaxPooling2D(2),
+        *conv(64), *conv(64),
+        layers.GlobalAveragePooling2D(),
+        layers.Dropout(0.3),
+    ]
