@@ -39,7 +39,8 @@ import numpy as np
 import tf_keras as keras
 
 from trainer import data, export, models
-from trainer.fashion_mnist import SPLIT_FILES, Split, load_split, read_split, write_split
+from trainer.dataset_files import SPLIT_FILES
+from trainer.fashion_mnist import Split, load_split, read_split, write_split
 from trainer.ingest import ingest
 from trainer.train import DEFAULT_LEARNING_RATE, compiled_model
 

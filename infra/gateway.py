@@ -17,8 +17,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_command import local
 
+from common.cluster_names import GATEWAY_NAME, ROUTE_GROUP
 from pipeline.manifests import PART_OF
-from serving.rollout import GATEWAY_NAME, ROUTE_GROUP
 
 GATEWAY_API_VERSION = f"{ROUTE_GROUP}/v1"
 LISTENER_NAME = "http"

@@ -10,12 +10,12 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.cluster_names import API_CALLS
 from infra.accounts import bound_role, service_account
 from infra.awaits import SKIP_AWAIT
 from pipeline import argo
 from pipeline.config import PipelineConfig
 from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget
-from serving import rollout
 
 # What the workflow's pods do with their service account, and nothing more: Argo's emissary executor
 # reports results; train templates create TFJobs and poll them (GET) for their conditions; the serve
@@ -24,7 +24,7 @@ WORKFLOW_POD_RULES = [
     {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
     {"apiGroups": ["kubeflow.org"], "resources": ["tfjobs"], "verbs": ["create", "get"]},
     *({"apiGroups": [group], "resources": [resource], "verbs": [verb]}
-      for group, resource, verb in rollout.API_CALLS),
+      for group, resource, verb in API_CALLS),
 ]
 MEMO_CACHE_RULES = [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [argo.MEMO_CACHE_NAME],
                      "verbs": ["get", "update"]},

@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 from typing import Callable, Mapping
 
+from common.cluster_names import MANIFEST_FLAG, ROLLOUT_MODULE
 from common.yaml_text import to_yaml
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.definition import (
@@ -50,8 +51,7 @@ from pipeline.manifests import (
     inference_service,
     tfjob,
 )
-from serving import rollout
-from trainer.fashion_mnist import MANIFEST_NAME
+from trainer.dataset_files import MANIFEST_NAME
 
 WORKFLOW_TEMPLATE_NAME = "dist-ml-pipeline"
 MEMO_CACHE_NAME = "dist-ml-memoize"
@@ -68,9 +68,7 @@ DECISION_PARAMETER = "decision"
 PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo reads it as an output
 DEPLOYED_VERSION_FILE = "/tmp/deployed-version"  # serve writes it, for the rollout step
 DECISION_FILE = "/tmp/rollout-decision.json"  # the rollout step writes it; Argo keeps it as an output
-ROLLOUT_MODULE = rollout.__name__
 ROLLOUT_TIMEOUT_SECONDS = 900  # one InferenceService's rollout
-ROLLOUT_MANIFEST_FLAG = rollout.MANIFEST_FLAG
 TF_SERVING_CANARY = ("must be 0 with serving.runtime tensorflow: TF Serving serves no /metrics to judge a "
                      "canary on")
 
@@ -163,7 +161,7 @@ def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
             "--canary-percent", str(config.rollout.canary_percent),
             "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
             "--version-file", DEPLOYED_VERSION_FILE,
-            ROLLOUT_MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)]),
+            MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)]),
         "outputs": {"parameters": [
             {"name": VERSION_PARAMETER, "valueFrom": {"path": DEPLOYED_VERSION_FILE}}]},
     }
@@ -192,7 +190,7 @@ def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) 
 def rollout_manifest(template: dict) -> dict:
     """The InferenceService a serve template rolls out (its placeholders left as they are)."""
     args = template["container"]["args"]
-    return json.loads(args[args.index(ROLLOUT_MANIFEST_FLAG) + 1])
+    return json.loads(args[args.index(MANIFEST_FLAG) + 1])
 
 
 # Step kind -> its template: how the Argo engine runs each kind of step.

@@ -36,7 +36,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from trainer.fashion_mnist import OFFICIAL_MIRROR
+from trainer.dataset_files import OFFICIAL_MIRROR
 from trainer.variants import VARIANTS
 
 SECTIONS = ("pipeline", "serving")

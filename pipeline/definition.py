@@ -19,7 +19,7 @@ import posixpath
 from typing import Iterable, Mapping
 
 from pipeline.config import PipelineConfig, Resources
-from trainer.fashion_mnist import OFFICIAL_MD5
+from trainer.dataset_files import OFFICIAL_MD5
 
 TRAINER_IMAGE = "trainer"
 SERVING_IMAGE = "serving"

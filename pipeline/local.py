@@ -50,7 +50,8 @@ from pipeline.definition import (
 from serving import client
 from serving.process import running_server
 from trainer import atomic, launch, model_repository
-from trainer.fashion_mnist import CLASS_NAMES, FILE_NAMES, DatasetError, load_split, md5_of, read_manifest
+from trainer.dataset_files import FILE_NAMES
+from trainer.fashion_mnist import CLASS_NAMES, DatasetError, load_split, md5_of, read_manifest
 from trainer.model_repository import LAST_SELECTION_FILE
 
 POLL_SECONDS = 0.2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 
+from common.cluster_names import MODEL_VERSION_ANNOTATION, PREDICTOR_CONTAINER
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
@@ -19,7 +20,6 @@ from pipeline.definition import (
     Step,
     serving_flags,
 )
-from serving.rollout import MODEL_VERSION_ANNOTATION
 
 DEFAULT_ARGO_VERSION = "v4.1.2"
 IMAGE_TAG = "0.1.0"  # the release these defaults name; the stacks pass content-tagged images
@@ -28,7 +28,6 @@ STORAGE_VOLUME = "storage"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 WORKFLOW_NAME = "{{workflow.name}}"  # Argo substitutes it in the manifests of resource templates
 TFJOB_CONTAINER = "tensorflow"  # the training operator requires this name
-KSERVE_CONTAINER = "kserve-container"
 KSERVE_MODEL_DIR = "/mnt/models"  # where KServe puts what storageUri points at
 SERVING_HTTP_PORT = 8080  # KServe routes to this port of the predictor
 # The HTTP port's name in the InferenceService: KServe names the predictor's Service port after it
@@ -220,7 +219,7 @@ def inference_service(config: PipelineConfig, target: ClusterTarget, version: st
         predictor["model"] = model
     else:
         predictor["containers"] = [{
-            "name": KSERVE_CONTAINER,
+            "name": PREDICTOR_CONTAINER,
             "image": target.images.serving,
             "imagePullPolicy": "IfNotPresent",
             "args": ["--model-base-path", KSERVE_MODEL_DIR, *serving_flags(config),

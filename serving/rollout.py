@@ -43,28 +43,25 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from common import cli
+from common.cluster_names import (
+    GATEWAY_NAME,
+    ISVC_GROUP,
+    ISVC_LABEL,
+    ISVC_PLURAL,
+    ISVC_VERSION,
+    MANIFEST_FLAG,
+    MODEL_VERSION_ANNOTATION,
+    PREDICTOR_CONTAINER,
+    PREDICTOR_SERVICE_PORT,
+    ROUTE_GROUP,
+    ROUTE_PLURAL,
+    ROUTE_VERSION,
+    canary_name,
+    predictor_deployment_name,
+    route_name,
+)
 from serving import canary
 
-ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
-ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
-ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels the predictor's pods with it
-MODEL_VERSION_ANNOTATION = "dist-ml/model-version"  # which published version an InferenceService serves
-CANARY_SUFFIX = "-canary"
-# Not `<model>`: KServe's own Gateway API mode (off in the stacks) names its top-level route so.
-ROUTE_SUFFIX = "-split"
-GATEWAY_NAME = "dist-ml"  # the Gateway the stacks declare in the system's namespace
-PREDICTOR_SERVICE_PORT = 80  # KServe's port on the predictor's Service (constants.CommonDefaultHttpPort)
-PREDICTOR_CONTAINER = "kserve-container"
-# Every API call a rollout makes, as (API group, resource, verb): what its service account needs.
-API_CALLS = (
-    (ISVC_GROUP, ISVC_PLURAL, "get"), (ISVC_GROUP, ISVC_PLURAL, "create"),
-    (ISVC_GROUP, ISVC_PLURAL, "update"), (ISVC_GROUP, ISVC_PLURAL, "delete"),
-    (ROUTE_GROUP, ROUTE_PLURAL, "get"), (ROUTE_GROUP, ROUTE_PLURAL, "create"),
-    (ROUTE_GROUP, ROUTE_PLURAL, "update"),
-    ("apps", "deployments", "get"),
-    ("", "pods", "list"),
-    ("", "pods/proxy", "get"),  # each predictor pod's /metrics
-)
 DEFAULT_TIMEOUT_SECONDS = 900.0  # an image pull, the storage initializer's copy and a model load
 DEFAULT_CANARY_PERCENT = 10
 DEFAULT_MIN_REQUESTS = 100
@@ -76,7 +73,6 @@ POLL_SECONDS = 5.0
 # bad gateway, unavailable, gateway timeout): skipped for that look, not a failed rollout.
 UNREADABLE_POD_STATUSES = (404, 502, 503, 504)
 EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
-MANIFEST_FLAG = "--manifest"  # the stable InferenceService of a version, as JSON (the serve step's)
 # A container waiting for one of these will not start by itself: the rollout has failed.
 FATAL_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
                          "CreateContainerConfigError", "CreateContainerError")
@@ -115,18 +111,6 @@ class Timing:
     poll_seconds: float = POLL_SECONDS
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-
-
-def canary_name(model_name: str) -> str:
-    return f"{model_name}{CANARY_SUFFIX}"
-
-
-def route_name(model_name: str) -> str:
-    return f"{model_name}{ROUTE_SUFFIX}"
-
-
-def predictor_deployment_name(isvc_name: str) -> str:
-    return f"{isvc_name}-predictor"  # KServe's name for its Deployment and Service in Standard mode
 
 
 def storage_uri(manifest: dict) -> str:

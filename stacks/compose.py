@@ -10,6 +10,7 @@ import posixpath
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.cluster_names import route_name
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.monitoring import Monitoring, MonitoringArgs
@@ -24,7 +25,6 @@ from pipeline.manifests import (
     ClusterStorage,
     ClusterTarget,
 )
-from serving.rollout import route_name
 from stacks.config import StackConfig
 from stacks.kinds import KINDS
 

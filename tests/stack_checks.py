@@ -11,6 +11,7 @@ import pulumi
 import pytest
 import yaml
 
+from common import cluster_names
 from pipeline import argo
 from stacks import program, render
 
@@ -56,7 +57,7 @@ def embedded(template: dict, name: str) -> dict:
 
 def creates_objects(template: dict) -> bool:
     args = template.get("container", {}).get("args", [])
-    return "resource" in template or argo.ROLLOUT_MANIFEST_FLAG in args
+    return "resource" in template or cluster_names.MANIFEST_FLAG in args
 
 
 def validate_all(rendered: render.Rendered, validate_crd, argo_line: str, kubernetes_version: str) -> int:

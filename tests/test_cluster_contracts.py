@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO_ROOT
 from stack_checks import PUBLISHED_VERSION, embedded, objects_of
 
+from common import cluster_names
 from infra import gke as gke_infra
 from infra import k3d
 from infra.pipeline import WORKFLOW_POD_RULES
@@ -103,8 +104,8 @@ def workflow_pod_needs(template: dict) -> set[tuple]:
             if step["resource"].get("successCondition") or step["resource"].get("failureCondition"):
                 verbs.add("get")
             needs |= {(group, plural(manifest["kind"]), verb) for verb in verbs}
-        elif step.get("container", {}).get("command", [])[-1:] == [argo.ROLLOUT_MODULE]:
-            needs |= set(rollout.API_CALLS)
+        elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.ROLLOUT_MODULE]:
+            needs |= set(cluster_names.API_CALLS)
     return needs
 
 
@@ -218,7 +219,7 @@ def test_the_route_the_rollout_creates_attaches_to_the_stacks_gateway_and_reache
     assert "namespace" not in route["spec"]["parentRefs"][0]  # the route's own, where the workflow runs
     backends = route["spec"]["rules"][0]["backendRefs"]
     assert [b["name"] for b in backends] == [f"{name}-predictor" for name in (
-        isvc["metadata"]["name"], rollout.canary_name(isvc["metadata"]["name"]))]
+        isvc["metadata"]["name"], cluster_names.canary_name(isvc["metadata"]["name"]))]
     assert {b["port"] for b in backends} == {80}
     # Evidence comes from the predictor container's port, where the server serves /metrics.
     (container,) = isvc["spec"]["predictor"]["containers"]
@@ -230,7 +231,7 @@ def test_the_route_the_rollout_creates_attaches_to_the_stacks_gateway_and_reache
 def test_users_reach_the_model_through_the_gateway_never_one_predictor(stack):
     outputs = " ".join(str(value) for value in stack.outputs.values())
     assert "-predictor" not in outputs and "port-forward service/fmnist" not in outputs
-    assert stack.outputs["inferenceRoute"] == f"dist-ml/{rollout.route_name('fmnist')}"
+    assert stack.outputs["inferenceRoute"] == f"dist-ml/{cluster_names.route_name('fmnist')}"
     assert stack.outputs["inferenceUrl"].endswith("/v1/models/fmnist:predict")
 
 

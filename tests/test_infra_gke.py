@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
-from pipeline import argo
+from common import cluster_names
 from pipeline.definition import train_step_name
 from stacks import policies, render
 from trainer.variants import VARIANTS
@@ -315,7 +315,8 @@ def flatten(node: object, path: str = "") -> dict[str, object]:
         return {k: v for key, value in node.items() for k, v in flatten(
             yaml.safe_load(value) if key == "manifest" else value, f"{path}.{key}").items()}
     if isinstance(node, list):
-        manifest_at = node.index(argo.ROLLOUT_MANIFEST_FLAG) + 1 if argo.ROLLOUT_MANIFEST_FLAG in node else -1
+        flag = cluster_names.MANIFEST_FLAG
+        manifest_at = node.index(flag) + 1 if flag in node else -1
         return {k: v for index, value in enumerate(node)
                 for k, v in flatten(json.loads(value) if index == manifest_at else value,
                                     f"{path}[{index}]").items()}

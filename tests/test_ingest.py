@@ -18,7 +18,8 @@ from conftest import run_module
 from common.ports import free_ports
 from trainer import fashion_mnist
 from trainer.atomic import COMMIT_MARKER, is_committed
-from trainer.fashion_mnist import FILE_NAMES, DatasetError, write_split
+from trainer.dataset_files import FILE_NAMES
+from trainer.fashion_mnist import DatasetError, write_split
 from trainer.ingest import SourceUnavailable, ingest, ingest_with_fallback
 
 

@@ -33,7 +33,8 @@ from common.ports import free_ports
 from serving.process import REPO_ROOT, stop
 from trainer import model_repository
 from trainer.atomic import COMMIT_MARKER, is_committed
-from trainer.fashion_mnist import MANIFEST_NAME, write_split
+from trainer.dataset_files import MANIFEST_NAME
+from trainer.fashion_mnist import write_split
 from trainer.ingest import ingest
 
 RENAME_A_DIRECTORY = """

@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO_ROOT, run_module
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from common import cluster_names
 from pipeline import argo
 from pipeline.config import parse_config
 from pipeline.manifests import SERVING_HTTP_PORT, ClusterTarget, gcs_storage, inference_service
@@ -215,7 +216,7 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
         cluster.get_deployment(NAMESPACE, "fmnist-predictor")
         cluster.list_pods(NAMESPACE, "x=y")
         cluster.pod_metrics(NAMESPACE, "fmnist-predictor-abc", 8080)
-    assert made == set(rollout.API_CALLS)
+    assert made == set(cluster_names.API_CALLS)
     assert made <= granted
 
 
@@ -535,3 +536,7 @@ def test_the_pod_proxy_skips_a_pod_going_away_but_not_a_refusal(status, raises):
                 cluster.pod_metrics(NAMESPACE, "fmnist-predictor-a", 8080)
         else:
             assert cluster.pod_metrics(NAMESPACE, "fmnist-predictor-a", 8080) is None
+
+
+def test_the_workflow_runs_this_module_by_the_name_the_shared_names_give() -> None:
+    assert cluster_names.ROLLOUT_MODULE == rollout.__name__

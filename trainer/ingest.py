@@ -28,11 +28,8 @@ import numpy as np
 
 from common import cli
 from trainer.atomic import COMMIT_MARKER, is_committed, staged_directory
+from trainer.dataset_files import FILE_NAMES, MANIFEST_NAME, OFFICIAL_MIRROR, SPLIT_FILES
 from trainer.fashion_mnist import (
-    FILE_NAMES,
-    MANIFEST_NAME,
-    OFFICIAL_MIRROR,
-    SPLIT_FILES,
     DatasetError,
     md5_of,
     read_split,

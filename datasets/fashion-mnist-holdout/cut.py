@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from trainer.fashion_mnist import IMAGE_SIZE, NUM_CLASSES, SPLIT_FILES, read_split, write_split
+from trainer.dataset_files import SPLIT_FILES
+from trainer.fashion_mnist import IMAGE_SIZE, NUM_CLASSES, read_split, write_split
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_DIR = HERE.parent / "fashion-mnist-sample"

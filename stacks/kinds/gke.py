@@ -6,6 +6,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.cluster_names import GATEWAY_NAME
 from infra.gateway import GatewayPlacement
 from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import (
@@ -18,7 +19,6 @@ from infra.gke import (
     toleration,
 )
 from infra.registry import RegistryImages, RegistryImagesArgs
-from serving.rollout import GATEWAY_NAME
 from stacks.config import GkeConfig, GkeStack, NodePoolConfig
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
 
