@@ -18,6 +18,7 @@ GATEWAY_NAME = "dist-ml"  # the Gateway the stacks declare in the system's names
 PREDICTOR_SERVICE_PORT = 80  # KServe's port on the predictor's Service (constants.CommonDefaultHttpPort)
 PREDICTOR_CONTAINER = "kserve-container"
 ROLLOUT_MODULE = "serving.rollout"  # the serve and rollout steps' program, in the serving image
+TFJOB_STEP_MODULE = "serving.tfjob_step"  # the train steps' program, in the same image
 MANIFEST_FLAG = "--manifest"  # the object a cluster step applies, as JSON (the serve step's)
 # Every API call a rollout makes, as (API group, resource, verb): what its service account needs.
 API_CALLS = (
@@ -28,6 +29,12 @@ API_CALLS = (
     ("apps", "deployments", "get"),
     ("", "pods", "list"),
     ("", "pods/proxy", "get"),  # each predictor pod's /metrics
+)
+# Every API call a train step makes (serving.tfjob_step): its job, and the job's pods' states.
+TFJOB_STEP_CALLS = (
+    (TFJOB_GROUP, TFJOB_PLURAL, "get"), (TFJOB_GROUP, TFJOB_PLURAL, "create"),
+    (TFJOB_GROUP, TFJOB_PLURAL, "delete"),
+    ("", "pods", "list"),
 )
 
 

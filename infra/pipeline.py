@@ -10,7 +10,7 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.cluster_names import API_CALLS
+from common.cluster_names import API_CALLS, TFJOB_STEP_CALLS
 from infra.accounts import bound_role, service_account
 from infra.awaits import SKIP_AWAIT
 from pipeline import argo
@@ -18,13 +18,13 @@ from pipeline.config import PipelineConfig
 from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget
 
 # What the workflow's pods do with their service account, and nothing more: Argo's emissary executor
-# reports results; train templates create TFJobs and poll them (GET) for their conditions; the serve
-# step creates or replaces the InferenceService and reads its Deployment and pods to see the rollout.
+# reports results; train steps create, watch and (when giving up or retrying) delete their TFJobs and
+# read their pods; the serve step creates or replaces the InferenceService and reads its Deployment
+# and pods to see the rollout.
 WORKFLOW_POD_RULES = [
     {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
-    {"apiGroups": ["kubeflow.org"], "resources": ["tfjobs"], "verbs": ["create", "get"]},
     *({"apiGroups": [group], "resources": [resource], "verbs": [verb]}
-      for group, resource, verb in API_CALLS),
+      for group, resource, verb in sorted(set(TFJOB_STEP_CALLS) | set(API_CALLS))),
 ]
 MEMO_CACHE_RULES = [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [argo.MEMO_CACHE_NAME],
                      "verbs": ["get", "update"]},

@@ -3,8 +3,9 @@ ConfigMap that holds ingest's memo.
 
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
 
-Each training step is a resource template that creates a TFJob and waits on its replica counts
-(Argo cannot query the conditions array). Select publishes the next version and outputs its number;
+Each training step creates its TFJob and watches its conditions (`serving.tfjob_step`): it fails
+with the job's reason, retries a failed job from its backup, and is bounded by
+pipeline.trainTimeout. Select publishes the next version and outputs its number;
 serve deploys that version (`serving.rollout deploy`): the first one, or any with
 pipeline.rollout.canaryPercent 0, as the stable InferenceService, a later one as the canary beside it
 with that share of the route's requests, and succeeds only once every replica serves it. The rollout
@@ -31,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Callable, Mapping
 
-from common.cluster_names import MANIFEST_FLAG, ROLLOUT_MODULE
+from common.cluster_names import MANIFEST_FLAG, ROLLOUT_MODULE, TFJOB_STEP_MODULE
 from common.yaml_text import to_yaml
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.definition import (
@@ -69,6 +70,7 @@ PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo read
 DEPLOYED_VERSION_FILE = "/tmp/deployed-version"  # serve writes it, for the rollout step
 DECISION_FILE = "/tmp/rollout-decision.json"  # the rollout step writes it; Argo keeps it as an output
 ROLLOUT_TIMEOUT_SECONDS = 900  # one InferenceService's rollout
+TRAIN_DEADLINE_MARGIN_SECONDS = 300  # past a train step's own timeout: deleting its job
 TF_SERVING_CANARY = ("must be 0 with serving.runtime tensorflow: TF Serving serves no /metrics to judge a "
                      "canary on")
 
@@ -107,29 +109,31 @@ def select_template(config: PipelineConfig, step: Step, target: ClusterTarget) -
                 {"name": VERSION_PARAMETER, "valueFrom": {"path": PUBLISHED_VERSION_FILE}}]}}
 
 
-def train_conditions(step: Step) -> tuple[str, str]:
-    """When the TFJob's step succeeds and fails. Argo requires every requirement of a
-    successCondition but fails on any one of a failureCondition's (argo-workflows v4.1.2 and v3.7.18
-    workflow/executor/resource.go, matchConditions): the comma there is an or."""
-    if step.parameter_servers:
-        return ("status.replicaStatuses.Chief.succeeded = 1",
-                "status.replicaStatuses.Chief.failed > 0,status.replicaStatuses.PS.failed > 0")
-    return (f"status.replicaStatuses.Worker.succeeded = {step.replicas}",
-            "status.replicaStatuses.Worker.failed > 0")
-
-
 def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
-    success, failure = train_conditions(step)
+    """Creates the step's TFJob and watches it to its end (serving.tfjob_step says why not a resource
+    template). The job belongs to the workflow: deleting the workflow deletes it and its pods."""
+    manifest = tfjob(config, step, target)
+    manifest["metadata"]["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "Workflow",
+                                                "name": "{{workflow.name}}", "uid": "{{workflow.uid}}"}]
+    timeout = config.train_timeout_seconds
     return {
         "name": step.name,
-        "resource": {
-            "action": "create",
-            "setOwnerReference": True,  # deleting the workflow deletes its TFJobs and their pods
-            "successCondition": success,
-            "failureCondition": failure,
-            "manifest": to_yaml(tfjob(config, step, target)),
-        },
+        # A pod lost with its node, or a job failed by its backoff limit: the retry creates the job
+        # again and training resumes from the variant's backup.
+        "retryStrategy": retry_strategy(step),
+        "activeDeadlineSeconds": timeout + TRAIN_DEADLINE_MARGIN_SECONDS,  # a backstop past the step's own
+        "container": {"name": MAIN_CONTAINER, "image": target.images.serving,
+                      "imagePullPolicy": "IfNotPresent", "command": ["python", "-m", TFJOB_STEP_MODULE],
+                      "args": ["--namespace", "{{workflow.namespace}}", "--timeout-seconds", str(timeout),
+                               MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)],
+                      "resources": config.step_resources.as_manifest()},
     }
+
+
+def tfjob_manifest(template: dict) -> dict:
+    """The TFJob a train template creates (its placeholders left as they are)."""
+    args = template["container"]["args"]
+    return json.loads(args[args.index(MANIFEST_FLAG) + 1])
 
 
 def rollout_container(config: PipelineConfig, target: ClusterTarget, args: list[str]) -> dict:

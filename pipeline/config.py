@@ -317,6 +317,9 @@ class PipelineSettings(WithResources):
     model_name: DnsLabel = Field("fmnist", description="the served model's name")
     retries: WholeNumber = Field(
         2, ge=0, description="restarts of a failed step (backoffLimit, retryStrategy.limit)")
+    train_timeout: Duration = Field(
+        "6h", description="longest one attempt of a training step may take on a cluster; then the step "
+                          "fails, deleting its TFJob")
     parallelism: Positive | None = Field(
         None, description="steps running at once; default: no limit")
     memoize_max_age: Duration = Field("24h", description="how long ingest's memo stays valid")
@@ -335,6 +338,10 @@ class PipelineSettings(WithResources):
     @property
     def memoize_max_age_seconds(self) -> int:
         return duration_seconds(self.memoize_max_age)
+
+    @property
+    def train_timeout_seconds(self) -> int:
+        return duration_seconds(self.train_timeout)
 
     def strategy_of(self, variant: str) -> str:
         if isinstance(self.strategy, str):

@@ -1,6 +1,6 @@
 """Run a stack's program under Pulumi mocks and write what it declares, for review and for tests.
 
-    python -m stacks.render --stack local|gke --out DIR
+    python -m stacks.render --stack local|gke --out DIR [-c gcp:project=acme-ml-prod ...]
 
 Reads Pulumi.<stack>.yaml as the Pulumi engine would and writes every Kubernetes object as YAML,
 one file per object, plus summary.txt: the other resources (charts and kustomize installs with their
@@ -49,6 +49,8 @@ class Declared:
     # Names of the resources it waits for: named in depends_on, or whose outputs its inputs use.
     depends_on: frozenset[str] = frozenset()
     delete_before_replace: bool = False
+    # Name of its parent (a component, or the stack): it registers, so it is created, after its parent.
+    parent: str = ""
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -76,12 +78,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def __init__(self) -> None:
         self.declared: list[Declared] = []
         self.dependencies: dict[tuple[str, str], frozenset[str]] = {}  # (type, name) -> names
+        self.parents: dict[tuple[str, str], str] = {}  # (type, name) -> the parent's name
         self.deleted_before_replaced: set[tuple[str, str]] = set()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
-        depends_on = self.dependencies.get((args.typ, args.name), frozenset())
-        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom), depends_on,
-                                      (args.typ, args.name) in self.deleted_before_replaced))
+        key = (args.typ, args.name)
+        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom),
+                                      self.dependencies.get(key, frozenset()),
+                                      key in self.deleted_before_replaced, self.parents.get(key, "")))
         state = dict(args.inputs)
         if args.typ == "command:local:Command":
             state["stdout"] = command_output(args.inputs)
@@ -107,8 +111,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
 
 class RecordingMonitor(MockMonitor):
-    """The mocks' engine, noting what each registered resource depends on (which the mocks' own
-    arguments leave out) for RecordingMocks."""
+    """The mocks' engine, noting what each registered resource depends on and its parent (which the
+    mocks' own arguments leave out) for RecordingMocks."""
 
     def __init__(self, mocks: RecordingMocks) -> None:
         super().__init__(mocks)
@@ -117,6 +121,7 @@ class RecordingMonitor(MockMonitor):
     def RegisterResource(self, request):  # noqa: N802 - the engine's RPC name
         self.recording.dependencies[(request.type, request.name)] = frozenset(
             urn.rpartition("::")[2] for urn in request.dependencies)
+        self.recording.parents[(request.type, request.name)] = request.parent.rpartition("::")[2]
         if request.deleteBeforeReplace:
             self.recording.deleted_before_replaced.add((request.type, request.name))
         return super().RegisterResource(request)
@@ -242,7 +247,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="stacks.render", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", required=True, help="reads Pulumi.<stack>.yaml")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("-c", "--config", type=config_setting, action="append", default=[],
+                        metavar="KEY=VALUE", help="set or override one config value, as `pulumi up -c` "
+                        "does (a key without a namespace is the project's)")
     return parser.parse_args(argv)
+
+
+def config_setting(text: str) -> tuple[str, str]:
+    """`pulumi up -c`'s form: KEY=VALUE, the key namespaced with the project unless it has one."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key = key.strip()
+    return (key if ":" in key else f"{PROJECT}:{key}"), value
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -251,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not stack_file.is_file():
         raise cli.UsageError(f"{stack_file}: no such stack file")
     try:
-        rendered = render(args.stack, pulumi_values(stack_file))
+        rendered = render(args.stack, {**pulumi_values(stack_file), **dict(args.config)})
     except ConfigError as error:
         raise cli.UsageError(f"{stack_file.name}: {error}") from None
     paths = write(rendered, args.out)

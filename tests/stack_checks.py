@@ -46,13 +46,17 @@ def as_submitted(text: str) -> str:
         f"{{{{inputs.parameters.{argo.VERSION_PARAMETER}}}}}", PUBLISHED_VERSION)
 
 
+WORKFLOW_UID = "0c1d9f1e-6f4a-4d47-9a56-2f0e3c1b7a10"  # what Argo substitutes for {{workflow.uid}}
+
+
 def embedded(template: dict, name: str) -> dict:
     """The object one of a WorkflowTemplate's templates creates (a resource template's manifest, or
     the InferenceService the serve step rolls out), as a run submits it."""
     (found,) = [t for t in template["spec"]["templates"] if t["name"] == name]
     if "resource" in found:
         return yaml.safe_load(as_submitted(found["resource"]["manifest"]))
-    return json.loads(as_submitted(json.dumps(argo.rollout_manifest(found))))
+    return json.loads(as_submitted(json.dumps(argo.rollout_manifest(found)).replace(
+        "{{workflow.uid}}", WORKFLOW_UID)))
 
 
 def creates_objects(template: dict) -> bool:

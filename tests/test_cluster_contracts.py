@@ -106,6 +106,8 @@ def workflow_pod_needs(template: dict) -> set[tuple]:
             needs |= {(group, plural(manifest["kind"]), verb) for verb in verbs}
         elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.ROLLOUT_MODULE]:
             needs |= set(cluster_names.API_CALLS)
+        elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.TFJOB_STEP_MODULE]:
+            needs |= set(cluster_names.TFJOB_STEP_CALLS)
     return needs
 
 

@@ -14,6 +14,7 @@ from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
 from common import cluster_names
+from infra.gcp_apis import GCP_APIS
 from pipeline.definition import train_step_name
 from stacks import policies, render
 from trainer.variants import VARIANTS
@@ -29,6 +30,18 @@ TRAINING_TAINT_KEYS = {GPU_TOLERATION["key"], SPOT_TOLERATION["key"]}
 TRAIN_STEPS = tuple(train_step_name(variant) for variant in VARIANTS)  # the stack's default: every variant
 NODE_POOL = "gcp:container/nodePool:NodePool"
 ACCOUNT = "gcp:serviceaccount/account:Account"
+SERVICE = "gcp:projects/service:Service"  # enables an API, through Service Usage (on in every project)
+# The module of a Google resource type (gcp:<module>/<type>:<Type>) -> the API that creates it.
+MODULE_APIS = {
+    "artifactregistry": "artifactregistry.googleapis.com",
+    "compute": "compute.googleapis.com",
+    "container": "container.googleapis.com",
+    "logging": "logging.googleapis.com",
+    "monitoring": "monitoring.googleapis.com",
+    "projects": "cloudresourcemanager.googleapis.com",
+    "serviceaccount": "iam.googleapis.com",
+    "storage": "storage.googleapis.com",
+}
 
 
 def stack_file_values() -> dict[str, str]:
@@ -52,8 +65,8 @@ def training_pod(rendered: render.Rendered, step: str = "train-cnn") -> dict:
 
 def test_every_component_is_declared(gke_stack):
     types = {resource.type for resource in gke_stack.resources}
-    for component in ("GkeCluster", "RegistryImages", "Platform", "GcsStorage", "Pipeline", "Serving",
-                      "Monitoring"):
+    for component in ("GcpApis", "GkeCluster", "RegistryImages", "Platform", "GcsStorage", "Pipeline",
+                      "Serving", "Monitoring"):
         assert f"dist-ml:infra:{component}" in types
     (cluster,) = gke_stack.of_type("gcp:container/cluster:Cluster")
     inputs = cluster.inputs
@@ -72,6 +85,56 @@ def test_every_component_is_declared(gke_stack):
 def test_every_object_validates_against_the_real_schemas(gke_stack, validate_crd):
     assert validate_all(gke_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
     assert policies.violations(gke_stack.objects) == []
+
+
+def test_the_stack_enables_every_api_it_needs_and_leaves_them_on_when_destroyed(gke_stack):
+    services = {service.inputs["service"]: service.inputs for service in gke_stack.of_type(SERVICE)}
+    assert set(services) == set(GCP_APIS)
+    for api, inputs in services.items():
+        assert inputs["project"] == PROJECT, api
+        assert inputs["disableOnDestroy"] is False and inputs["disableDependentServices"] is False, api
+    assert not render.render("local", render.pulumi_values(LOCAL_STACK_FILE)).of_type(SERVICE)
+
+
+def waits_for(resource: render.Declared, by_name: dict[str, render.Declared]) -> set[str]:
+    """Names of everything created before `resource`: its dependencies and its parent, and theirs."""
+    found: set[str] = set()
+    pending = [resource]
+    while pending:
+        current = pending.pop()
+        for name in {*current.depends_on, current.parent} - found - {""}:
+            found.add(name)
+            pending += [by_name[name]] if name in by_name else []
+    return found
+
+
+def test_every_google_resource_waits_for_the_apis(gke_stack):
+    by_name = {resource.name: resource for resource in gke_stack.resources}
+    assert len(by_name) == len(gke_stack.resources)  # dependencies are by name: names must be unique
+    services = {service.name for service in gke_stack.of_type(SERVICE)}
+    assert len(services) == len(GCP_APIS)
+    # Every Google resource, and the image pushes to Artifact Registry.
+    google = [resource for resource in gke_stack.resources if resource.type != SERVICE
+              and (resource.type.startswith("gcp:") or resource.type == render.IMAGE_BUILD)]
+    assert len(google) >= 15
+    for resource in google:
+        assert services <= waits_for(resource, by_name), resource.name
+
+
+def types_without_their_api(resources: list[render.Declared]) -> set[str]:
+    """The Google resource types among `resources` whose module MODULE_APIS does not know, or whose
+    API GCP_APIS lacks."""
+    return {resource.type for resource in resources if resource.type.startswith("gcp:")
+            and resource.type != SERVICE
+            and MODULE_APIS.get(resource.type.split(":")[1].split("/")[0]) not in GCP_APIS}
+
+
+def test_every_google_resource_type_has_its_api_in_the_list(gke_stack):
+    assert types_without_their_api(gke_stack.resources) == set()
+    # A new kind of resource fails until its API is in GCP_APIS (and its module in MODULE_APIS).
+    topic = render.Declared("gcp:pubsub/topic:Topic", "topic", {}, True)
+    address = render.Declared("gcp:compute/globalAddress:GlobalAddress", "address", {}, True)
+    assert types_without_their_api([topic, address]) == {"gcp:pubsub/topic:Topic"}
 
 
 def test_the_bucket_is_private_versioned_and_forgets_old_checkpoints(gke_stack):
@@ -216,14 +279,20 @@ def test_training_runs_on_the_spot_pool_when_there_is_one_and_on_demand_otherwis
     assert "tolerations" not in training_pod(chosen)["spec"]
 
 
+def embedded_argument(args: list[str]) -> dict:
+    """The object a cluster step's container applies (`--manifest JSON`)."""
+    return json.loads(args[args.index(cluster_names.MANIFEST_FLAG) + 1])
+
+
 def training_pool_tolerations(node: object, in_tfjob: bool = False) -> list[tuple[bool, dict]]:
     """(inside a TFJob?, toleration) for every toleration of a spot or GPU taint under `node`,
     with Argo's embedded manifests opened."""
     found = []
     if isinstance(node, dict):
         for key, value in node.items():
-            if key == "manifest" and isinstance(value, str):
-                manifest = yaml.safe_load(value)
+            embeds = key == "args" and isinstance(value, list) and cluster_names.MANIFEST_FLAG in value
+            if key == "manifest" and isinstance(value, str) or embeds:
+                manifest = yaml.safe_load(value) if key == "manifest" else embedded_argument(value)
                 found += training_pool_tolerations(manifest, in_tfjob or manifest.get("kind") == "TFJob")
             elif key == "tolerations" and isinstance(value, list):
                 found += [(in_tfjob, t) for t in value if t.get("key") in TRAINING_TAINT_KEYS]

@@ -8,6 +8,7 @@ import yaml
 from conftest import run_module
 from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, embedded
 
+from common import cluster_names
 from pipeline import argo
 from pipeline.config import ConfigError, parse_config
 from pipeline.definition import ingest_memo_key
@@ -61,12 +62,16 @@ def test_the_dag_runs_ingest_then_each_variant_in_parallel_then_select_then_serv
 def test_tfjobs_follow_the_config():
     config = parse_config(CONFIG)
     template = argo.workflow_template(config)
-    train = templates(template)["train-cnn-batchnorm"]["resource"]
-    assert train["action"] == "create" and train["setOwnerReference"] is True
-    assert train["successCondition"] == "status.replicaStatuses.Worker.succeeded = 3"
-    assert train["failureCondition"] == "status.replicaStatuses.Worker.failed > 0"
+    train = templates(template)["train-cnn-batchnorm"]
+    assert train["container"]["command"] == ["python", "-m", cluster_names.TFJOB_STEP_MODULE]
+    assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure"}
+    timeout = train["container"]["args"][train["container"]["args"].index("--timeout-seconds") + 1]
+    assert int(timeout) == config.train_timeout_seconds < train["activeDeadlineSeconds"]
     tfjob = embedded(template, "train-cnn-batchnorm")
     assert tfjob["metadata"]["name"] == f"{WORKFLOW_NAME}-train-cnn-batchnorm"
+    (owner,) = tfjob["metadata"]["ownerReferences"]  # deleting the workflow deletes the job
+    assert (owner["kind"], owner["name"]) == ("Workflow", WORKFLOW_NAME)
+    assert owner["apiVersion"] == argo.API_VERSION
     assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
     worker = tfjob["spec"]["tfReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 3 and worker["restartPolicy"] == "OnFailure"
@@ -238,40 +243,3 @@ def test_a_parameter_server_tfjob_has_a_chief_workers_and_ps_and_ends_with_the_c
     assert sync["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
 
 
-def argo_outcome(resource: dict, status: dict) -> str:
-    """What Argo decides for a resource step on `status` (argo-workflows workflow/executor/resource.go
-    matchConditions): failed if any failure requirement holds, succeeded if every success one does.
-    Requirements here are `path op integer`, as the train templates write them."""
-    def holds(requirement: str) -> bool:
-        path, op, value = requirement.split(" ")
-        node: object = {"status": status}
-        for key in path.split("."):
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is None:
-            return False
-        return {"=": node == int(value), ">": node > int(value)}[op]
-
-    if any(holds(r) for r in resource["failureCondition"].split(",")):
-        return "failed"
-    return "succeeded" if all(holds(r) for r in resource["successCondition"].split(",")) else "running"
-
-
-@pytest.mark.parametrize(("replica_statuses", "outcome"), [
-    ({"Chief": {"active": 1}, "Worker": {"active": 3}, "PS": {"active": 2}}, "running"),
-    ({"Chief": {"succeeded": 1}, "Worker": {"active": 3}, "PS": {"active": 2}}, "succeeded"),
-    ({"Chief": {"succeeded": 1}}, "succeeded"),  # cleanPodPolicy Running deleted the others
-    ({"Chief": {"active": 1}, "Worker": {"failed": 1, "active": 2}, "PS": {"active": 2}}, "running"),
-    ({"Chief": {"failed": 1}, "Worker": {"active": 3}, "PS": {"active": 2}}, "failed"),
-    ({"Chief": {"active": 1}, "Worker": {"active": 3}, "PS": {"failed": 1, "active": 1}}, "failed"),
-])
-def test_the_parameter_server_step_succeeds_with_the_chief_and_fails_with_the_chief_or_a_ps(
-        replica_statuses, outcome):
-    resource = templates(argo.workflow_template(parse_config(PS_CONFIG)))["train-cnn"]["resource"]
-    assert argo_outcome(resource, {"replicaStatuses": replica_statuses}) == outcome
-
-
-def test_the_synchronous_step_still_waits_for_every_worker():
-    resource = templates(argo.workflow_template(parse_config(PS_CONFIG)))["train-cnn-batchnorm"]["resource"]
-    assert argo_outcome(resource, {"replicaStatuses": {"Worker": {"succeeded": 2, "active": 1}}}) == "running"
-    assert argo_outcome(resource, {"replicaStatuses": {"Worker": {"succeeded": 3}}}) == "succeeded"
-    assert argo_outcome(resource, {"replicaStatuses": {"Worker": {"failed": 1}}}) == "failed"

@@ -8,6 +8,7 @@ import pulumi_kubernetes as k8s
 
 from common.cluster_names import GATEWAY_NAME
 from infra.gateway import GatewayPlacement
+from infra.gcp_apis import GcpApis, GcpApisArgs
 from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import (
     GATEWAY_CLASS,
@@ -46,12 +47,15 @@ class GkeKind(ClusterKind):
     def cluster(self) -> Cluster:
         config, gcp = self.config.cluster, self.config.gcp
         self._pools = node_pools(config)
+        # First of all: on a fresh project, every other Google resource fails until its API is on.
+        self._apis = GcpApis("apis", GcpApisArgs(project=gcp.project))
         # Before the cluster: its nodes are granted reading the repository before they start.
-        self._registry = RegistryImages("images", RegistryImagesArgs(project=gcp.project, region=gcp.region))
+        self._registry = RegistryImages("images", RegistryImagesArgs(project=gcp.project, region=gcp.region),
+                                        opts=self._after_apis())
         self._cluster = GkeCluster("cluster", GkeClusterArgs(
             project=gcp.project, name=config.name, location=config.location,
             release_channel=config.release_channel, deletion_protection=config.deletion_protection,
-            node_pools=self._pools, image_repository=self._registry.repository))
+            node_pools=self._pools, image_repository=self._registry.repository), opts=self._after_apis())
         return Cluster(provider=self._cluster.provider, kubeconfig=self._cluster.kubeconfig)
 
     def images(self, cluster: Cluster) -> ImageSource:
@@ -62,9 +66,15 @@ class GkeKind(ClusterKind):
         storage = GcsStorage("storage", GcsStorageArgs(
             project=gcp.project, location=gcp.region, bucket_name=config.bucket_name,
             checkpoint_retention_days=config.checkpoint_retention_days, namespace=self.config.namespace,
-            workload_pool=self._cluster.workload_pool, kubernetes_service_accounts=users))
+            workload_pool=self._cluster.workload_pool, kubernetes_service_accounts=users),
+            opts=self._after_apis())
         return Storage(storage=storage.storage, ready=[storage],
                        account_annotations={WORKLOAD_IDENTITY_ANNOTATION: storage.service_account_email})
+
+    def _after_apis(self) -> pulumi.ResourceOptions:
+        """The options of a component of Google resources: it registers once the APIs are on, and its
+        children, which register after it, wait with it."""
+        return pulumi.ResourceOptions(depends_on=[self._apis])
 
     def training_placement(self) -> TrainingPlacement:
         # Training pods go to the training pool only; nothing else tolerates the spot and gpu taints.
