@@ -37,6 +37,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from trainer.dataset_files import OFFICIAL_MIRROR
+from trainer.serving_contract import EXPORTER_TENSORFLOW
 from trainer.variants import VARIANTS
 
 SECTIONS = ("pipeline", "serving")
@@ -262,7 +263,18 @@ class ServingConfig(WithResources):
                        "maxReplicas")
         if self.runtime_version is not None and self.runtime != "tensorflow":
             raise fail("applies only to runtime 'tensorflow'", "runtimeVersion")
+        if self.runtime_version is not None and () < release(self.runtime_version) < EXPORTER_TENSORFLOW:
+            exporter = ".".join(map(str, EXPORTER_TENSORFLOW))
+            raise fail(f"must be no older than the TensorFlow that writes the exports ({exporter}): an "
+                       f"older TF Serving may not load them; got {self.runtime_version}", "runtimeVersion")
         return self
+
+
+def release(tag: str) -> tuple[int, ...]:
+    """A TF Serving image tag's major and minor release (`2.21.0-gpu` -> (2, 21)); () when the tag
+    names none (`latest`; the pinned-images policy refuses that)."""
+    match = re.match(r"(\d+)\.(\d+)", tag)
+    return (int(match.group(1)), int(match.group(2))) if match else ()
 
 
 class Promotion(Section):

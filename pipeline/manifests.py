@@ -44,8 +44,8 @@ PART_OF = {"app.kubernetes.io/part-of": "dist-ml"}
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 STANDARD_MODE = "Standard"  # Deployments and HPAs; the stacks install no Knative
 # KServe v0.20's TF Serving runtime defaults to 2.6.2, years older than the TensorFlow that exports
-# our SavedModel; serving should be no older than the exporter (TensorFlow 2.21).
-TF_SERVING_VERSION = "2.20.0"
+# our SavedModel; serving is no older than the exporter (trainer.serving_contract.EXPORTER_TENSORFLOW).
+TF_SERVING_VERSION = "2.21.0"
 GCS_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # The user the trainer and serving images run as (their Dockerfiles' USER).
 IMAGE_USER = 1000

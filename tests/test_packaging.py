@@ -18,7 +18,10 @@ from packaging.requirements import Requirement
 from test_layering import PROJECT_PACKAGES, imports_of, project_modules
 
 from infra.images import IMAGE_INPUTS
+from pipeline.config import release
+from pipeline.manifests import TF_SERVING_VERSION
 from tools import lock
+from trainer.serving_contract import EXPORTER_TENSORFLOW
 
 INSTALLED_PACKAGES = {"common", "trainer", "serving", "pipeline", "infra", "stacks"}
 TRAINING_STACK = {"tf-keras", "tensorboard", "tensorflow-datasets", "matplotlib"}
@@ -284,3 +287,11 @@ def test_the_server_loads_and_runs_an_export_without_the_training_stack(tmp_path
     result = run_as_image("serving", code, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_tf_serving_is_no_older_than_the_tensorflow_that_writes_the_exports() -> None:
+    (tensorflow,) = [Requirement(pin) for pin in lock.project_requirements(("train",))
+                     if Requirement(pin).name == "tensorflow"]
+    pinned = tuple(int(part) for part in str(tensorflow.specifier).lstrip("=").split(".")[:2])
+    assert EXPORTER_TENSORFLOW == pinned, "trainer.serving_contract.EXPORTER_TENSORFLOW follows the pin"
+    assert release(TF_SERVING_VERSION) >= EXPORTER_TENSORFLOW

@@ -27,14 +27,14 @@ def test_values_from_the_stack_config_mean_the_same():
         "pipeline": {"variants": ["cnn_batchnorm"], "workers": 3.0, "memoizeMaxAge": "1h30m",
                      "trainerResources": {"requests": {"cpu": "500m", "memory": "1Gi"},
                                           "limits": {"cpu": 2, "memory": "3Gi"}}},
-        "serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.0", "minReplicas": 0,
+        "serving": {"runtime": "tensorflow", "runtimeVersion": "2.21.0", "minReplicas": 0,
                     "maxReplicas": 5.0, "scaleMetric": "memory", "scaleTarget": 4},
     })
     assert config.variants == ("cnn_batchnorm",)
     assert config.workers == 3 and isinstance(config.workers, int)  # Pulumi gives floats
     assert config.memoize_max_age_seconds == 5400
     assert config.trainer_resources.limits == {"cpu": "2", "memory": "3Gi"}
-    assert (config.serving.runtime, config.serving.runtime_version) == ("tensorflow", "2.19.0")
+    assert (config.serving.runtime, config.serving.runtime_version) == ("tensorflow", "2.21.0")
     assert (config.serving.min_replicas, config.serving.max_replicas) == (0, 5)
 
 
@@ -62,7 +62,9 @@ BAD_CONFIGS = [
     ({"pipeline": {"stepResources": {"requests": {"cpu": "1"}}}},
      "pipeline.stepResources.requests: must set exactly cpu and memory"),
     ({"serving": {"runtime": "onnx"}}, "serving.runtime: must be one of custom, tensorflow"),
-    ({"serving": {"runtimeVersion": "2.19.0"}}, "serving.runtimeVersion: applies only to runtime"),
+    ({"serving": {"runtimeVersion": "2.21.0"}}, "serving.runtimeVersion: applies only to runtime"),
+    ({"serving": {"runtime": "tensorflow", "runtimeVersion": "2.20.0"}},
+     "serving.runtimeVersion: must be no older than the TensorFlow that writes the exports (2.21)"),
     ({"serving": {"minReplicas": 4, "maxReplicas": 2}}, "serving.maxReplicas: must be >= minReplicas"),
     ({"serving": {"scaleMetric": "gpu"}}, "serving.scaleMetric"),
     ({"serving": {"maxBatchWaitMs": float("nan")}}, "serving.maxBatchWaitMs"),
@@ -190,7 +192,8 @@ def valid_configs(draw) -> dict:
     low = draw(st.integers(0, 5))
     serving.update(minReplicas=low, maxReplicas=draw(st.integers(max(1, low), 9)))
     if draw(st.booleans()):
-        serving.update(runtime="tensorflow", runtimeVersion=draw(st.sampled_from(["2.19.0", "2.20.0"])))
+        versions = st.sampled_from(["2.21.0", "2.22.1-gpu", "nightly"])
+        serving.update(runtime="tensorflow", runtimeVersion=draw(versions))
     return {"pipeline": draw(st.fixed_dictionaries({}, optional=PIPELINE_VALUES)), "serving": serving}
 
 

@@ -12,7 +12,7 @@ from common import cluster_names
 from pipeline import argo
 from pipeline.config import ConfigError, parse_config
 from pipeline.definition import ingest_memo_key
-from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
+from pipeline.manifests import TF_SERVING_VERSION, TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
 
 ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.py)
     "v4.1.2": "argo-v4.1.2/",
@@ -145,12 +145,12 @@ def test_the_tensorflow_runtime_serves_the_release_with_a_pinned_tf_serving():
     target = ClusterTarget(storage=gcs_storage("bucket-1"))
     model = embedded(argo.workflow_template(config, target), "serve")["spec"]["predictor"]["model"]
     # KServe v0.20's default (2.6.2) predates the TensorFlow that writes the export.
-    assert model["modelFormat"] == {"name": "tensorflow"} and model["runtimeVersion"] == "2.20.0"
+    assert model["modelFormat"] == {"name": "tensorflow"} and model["runtimeVersion"] == TF_SERVING_VERSION
     assert model["storageUri"] == f"gs://bucket-1/releases/fmnist/{PUBLISHED_VERSION}"
     chosen = parse_config({"pipeline": TF_SERVING_NO_CANARY,
-                           "serving": {"runtime": "tensorflow", "runtimeVersion": "2.19.1"}})
+                           "serving": {"runtime": "tensorflow", "runtimeVersion": "2.22.1"}})
     assert embedded(argo.workflow_template(chosen), "serve")["spec"]["predictor"]["model"][
-        "runtimeVersion"] == "2.19.1"
+        "runtimeVersion"] == "2.22.1"
 
 
 def test_render_writes_one_file_per_object(tmp_path):

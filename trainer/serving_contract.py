@@ -8,3 +8,6 @@ SERVING_SIGNATURE = "serving_default"  # tf.saved_model.DEFAULT_SERVING_SIGNATUR
 PIXELS_SIGNATURE = "pixels"
 IMAGE_BYTES_INPUT = "image_bytes"
 PIXELS_INPUT = "pixels"
+# The TensorFlow that writes the exports (pyproject.toml's train extra; a test ties the two): a TF
+# Serving older than it may not know the ops of its SavedModels.
+EXPORTER_TENSORFLOW = (2, 21)
