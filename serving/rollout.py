@@ -30,6 +30,13 @@ InferenceService stays Ready through a rolling update, and its observedGeneratio
 Deployment), so this checks the predictor's Deployment as `kubectl rollout status` does, and that its
 pod template names the storage URI. The kubernetes client is used directly: the kserve SDK's
 create/replace take its model classes, and its readiness check relies on that observedGeneration.
+
+Argo retries a failed step, and others write the same objects, so each step may meet the remains of
+its own earlier attempt or another writer's change: a version an earlier attempt wrote is still waited
+for before it is routed to (a retry fails again while it does not serve); each write is made at the
+resourceVersion just read, and read and made again when another writer changed the object between
+(WRITE_ATTEMPTS times at most); a canary someone deleted loses its share of the route before the step
+fails.
 """
 
 from __future__ import annotations
@@ -72,6 +79,9 @@ POLL_SECONDS = 5.0
 # What the API server's pod proxy answers for a pod that is going away or not answering (gone,
 # bad gateway, unavailable, gateway timeout): skipped for that look, not a failed rollout.
 UNREADABLE_POD_STATUSES = (404, 502, 503, 504)
+HTTP_CONFLICT, HTTP_NOT_FOUND = 409, 404
+# Reads and writes of one object before other writers' changes fail the step (client-go's retry.DefaultRetry).
+WRITE_ATTEMPTS = 5
 EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
 # A container waiting for one of these will not start by itself: the rollout has failed.
 FATAL_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
@@ -84,8 +94,19 @@ class RolloutError(RuntimeError):
     """The version did not roll out, or a rollout step cannot go on; the message says why."""
 
 
+class Conflict(RolloutError):
+    """HTTP 409: the object changed since it was read (its resourceVersion moved on), or a create found
+    it already there. Reading it again and retrying resolves it; the message names the object."""
+
+
+class NotFound(RolloutError):
+    """HTTP 404: the object is not there (someone deleted it); the message names the object."""
+
+
 class Cluster(Protocol):
-    """The few API calls a rollout makes (plain dicts, as the API server sends them)."""
+    """The few API calls a rollout makes (plain dicts, as the API server sends them). A get of a missing
+    object answers None; a create of an existing one, or a replace at a stale resourceVersion, raises
+    Conflict; a replace or delete of a missing one raises NotFound."""
 
     def get_inference_service(self, namespace: str, name: str) -> dict | None: ...
     def create_inference_service(self, namespace: str, manifest: dict) -> None: ...
@@ -217,26 +238,43 @@ def observe(deployment: dict | None, pods: Sequence[dict], uri: str) -> Observat
     return Observation(True, f"{available} of {wanted} replicas serve it")
 
 
-def apply(cluster: Cluster, namespace: str, manifest: dict) -> None:
-    """Creates the InferenceService, or replaces its spec with this one."""
-    name = manifest["metadata"]["name"]
-    current = cluster.get_inference_service(namespace, name)
-    if current is None:
-        cluster.create_inference_service(namespace, manifest)
-        return
-    metadata = {**manifest["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
-    cluster.replace_inference_service(namespace, name, {**manifest, "metadata": metadata})
+def write(namespace: str, manifest: dict, get: Callable[[str, str], dict | None],
+          create: Callable[[str, dict], None], replace: Callable[[str, str, dict], None]) -> None:
+    """Creates the object, or replaces it with `manifest` at the resourceVersion just read. Another
+    writer may change it in between (KServe's controller writes an InferenceService's status as it
+    reconciles), create it, or delete it: then it is read and written again, WRITE_ATTEMPTS times at
+    most. One deleted in between is created again, as it would have been had it gone before the read:
+    the step declares what should be served, as `kubectl apply` does."""
+    name, kind = manifest["metadata"]["name"], manifest["kind"]
+    for _attempt in range(WRITE_ATTEMPTS):
+        current = get(namespace, name)
+        if current is None:
+            try:
+                create(namespace, manifest)
+                return
+            except Conflict:  # created by another writer since the read
+                continue
+        metadata = {**manifest["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+        try:
+            replace(namespace, name, {**manifest, "metadata": metadata})
+            return
+        except (Conflict, NotFound):  # changed or deleted by another writer since the read
+            continue
+    raise RolloutError(f"{kind} {namespace}/{name}: not written in {WRITE_ATTEMPTS} attempts: "
+                       "another writer changed it between each read and write")
 
 
-def roll_out(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: float,
+def wait_for(cluster: Cluster, namespace: str, name: str, uri: str, timeout_seconds: float,
              timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
-    """Applies `manifest` and waits for its version; returns the final state or raises RolloutError."""
-    name, uri = manifest["metadata"]["name"], storage_uri(manifest)
-    apply(cluster, namespace, manifest)
-    say(f"rollout: applied InferenceService {namespace}/{name} with {uri}")
+    """Waits until the InferenceService `name` serves `uri` on every replica; returns the final state
+    or raises RolloutError."""
     deadline, last = timing.clock() + timeout_seconds, None
     while True:
         deployment = cluster.get_deployment(namespace, predictor_deployment_name(name))
+        if deployment is None and cluster.get_inference_service(namespace, name) is None:
+            # Someone deleted it after the step wrote it: it will never roll out, and creating it again
+            # would overrule them.
+            raise RolloutError(f"InferenceService {namespace}/{name} was deleted while it rolled out")
         pods = cluster.list_pods(namespace, f"{ISVC_LABEL}={name}")
         state = observe(deployment, pods, uri)
         if state.done:
@@ -249,17 +287,29 @@ def roll_out(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: 
         timing.sleep(timing.poll_seconds)
 
 
+def roll_out(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: float,
+             timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
+    """Applies `manifest` and waits for its version; returns the final state or raises RolloutError."""
+    name, uri = manifest["metadata"]["name"], storage_uri(manifest)
+    write(namespace, manifest, cluster.get_inference_service, cluster.create_inference_service,
+          cluster.replace_inference_service)
+    say(f"rollout: applied InferenceService {namespace}/{name} with {uri}")
+    return wait_for(cluster, namespace, name, uri, timeout_seconds, timing, say)
+
+
 def route_to(cluster: Cluster, namespace: str, model_name: str, canary_percent: int,
              labels: Mapping[str, str]) -> None:
     """Creates the route, or sets its weights."""
-    manifest = http_route(model_name, canary_percent, labels)
-    name = manifest["metadata"]["name"]
-    current = cluster.get_http_route(namespace, name)
-    if current is None:
-        cluster.create_http_route(namespace, manifest)
-        return
-    metadata = {**manifest["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
-    cluster.replace_http_route(namespace, name, {**manifest, "metadata": metadata})
+    write(namespace, http_route(model_name, canary_percent, labels), cluster.get_http_route,
+          cluster.create_http_route, cluster.replace_http_route)
+
+
+def routes_to_canary(cluster: Cluster, namespace: str, model_name: str) -> bool:
+    """Whether the route has a backend for the canary's predictor Service."""
+    route = cluster.get_http_route(namespace, route_name(model_name))
+    service = predictor_deployment_name(canary_name(model_name))
+    return route is not None and any(backend["name"] == service for rule in route["spec"]["rules"]
+                                     for backend in rule.get("backendRefs", []))
 
 
 def deploy(cluster: Cluster, namespace: str, manifest: dict, canary_percent: int, timeout_seconds: float,
@@ -270,15 +320,21 @@ def deploy(cluster: Cluster, namespace: str, manifest: dict, canary_percent: int
     model_name, version = manifest["metadata"]["name"], model_version(manifest)
     labels = manifest["metadata"].get("labels", {})
     stable = cluster.get_inference_service(namespace, model_name)
-    if stable is not None and model_version(stable) == version:
-        if cluster.get_http_route(namespace, route_name(model_name)) is None:  # served before routes were
-            route_to(cluster, namespace, model_name, 0, labels)
-        return f"version {version} is already the stable version: nothing to roll out"
     if stable is None or canary_percent == 0:
+        # Also when the stable InferenceService names the version already: Argo retrying an attempt
+        # that failed half way, this one finishes its work (waited for, routed to, canary retired).
         reached = roll_out(cluster, namespace, manifest, timeout_seconds, timing, say)
         route_to(cluster, namespace, model_name, 0, labels)
         retire_canary(cluster, namespace, model_name, say)
         return f"version {version} is the stable version ({reached}); the route sends it every request"
+    if model_version(stable) == version:
+        # The promotion gate kept it, or an earlier attempt of this step created it and failed: either
+        # way it is waited for, so that a retry fails again while it does not serve, and routed to
+        # only once it serves.
+        reached = wait_for(cluster, namespace, model_name, storage_uri(stable), timeout_seconds, timing, say)
+        if cluster.get_http_route(namespace, route_name(model_name)) is None:
+            route_to(cluster, namespace, model_name, 0, labels)
+        return f"version {version} is already the stable version ({reached}): nothing to roll out"
     metrics_port(manifest)  # refused now, before a canary that could never be judged is deployed
     reached = roll_out(cluster, namespace, renamed(manifest, canary_name(model_name)), timeout_seconds,
                        timing, say)
@@ -290,9 +346,19 @@ def deploy(cluster: Cluster, namespace: str, manifest: dict, canary_percent: int
 def retire_canary(cluster: Cluster, namespace: str, model_name: str, say: Callable[[str], None]) -> None:
     """Deletes the canary InferenceService, if any (its release stays on storage)."""
     name = canary_name(model_name)
-    if cluster.get_inference_service(namespace, name) is not None:
+    try:
         cluster.delete_inference_service(namespace, name)
-        say(f"rollout: deleted InferenceService {namespace}/{name}")
+    except NotFound:  # there was none, or someone deleted it first: gone either way, as wanted
+        return
+    say(f"rollout: deleted InferenceService {namespace}/{name}")
+
+
+def canary_gone(cluster: Cluster, namespace: str, model_name: str, reason: str,
+                say: Callable[[str], None]) -> RolloutError:
+    """What a step fails with when the canary InferenceService is gone (someone deleted it): first
+    every request goes to the stable version, as a rollback does it, since a backend whose Service is
+    gone would fail its share of requests; then the step fails, having judged and promoted nothing."""
+    return RolloutError(f"{reason}; {rollback(cluster, namespace, model_name, say)}")
 
 
 def promote(cluster: Cluster, namespace: str, model_name: str, timeout_seconds: float,
@@ -302,7 +368,8 @@ def promote(cluster: Cluster, namespace: str, model_name: str, timeout_seconds: 
     to it and the canary is deleted."""
     current = cluster.get_inference_service(namespace, canary_name(model_name))
     if current is None:
-        raise RolloutError(f"no canary InferenceService {namespace}/{canary_name(model_name)} to promote")
+        raise canary_gone(cluster, namespace, model_name,
+                          f"no canary InferenceService {namespace}/{canary_name(model_name)} to promote", say)
     version = model_version(current)
     reached = roll_out(cluster, namespace, renamed(current, model_name), timeout_seconds, timing, say)
     route_to(cluster, namespace, model_name, 0, current["metadata"].get("labels", {}))
@@ -375,8 +442,12 @@ def analyse(cluster: Cluster, namespace: str, model_name: str, policy: canary.Po
             say: Callable[[str], None] = print) -> Analysis | None:
     """Waits until the canary has answered policy.min_requests requests (since it started) or
     `max_wait_seconds` have passed, then decides on the canary's and the stable version's evidence
-    (the stable version's since this call began). None when there is no canary (of `version`)."""
-    current = cluster.get_inference_service(namespace, canary_name(model_name))
+    (the stable version's since this call began). None when there is no canary (of `version`); raises
+    NotFound when the canary is gone yet the route sends it requests, or is deleted while it is judged."""
+    name = canary_name(model_name)
+    current = cluster.get_inference_service(namespace, name)
+    if current is None and routes_to_canary(cluster, namespace, model_name):
+        raise NotFound(f"InferenceService {namespace}/{name} does not exist, yet the route sends it requests")
     if current is None or (version is not None and model_version(current) != version):
         return None
     stable = cluster.get_inference_service(namespace, model_name)
@@ -393,6 +464,8 @@ def analyse(cluster: Cluster, namespace: str, model_name: str, policy: canary.Po
             decision = canary.decide(stable_evidence, canary_evidence, policy)
             return Analysis(model_version(stable), model_version(current), decision, waited)
         timing.sleep(min(timing.poll_seconds, max(max_wait_seconds - waited, 0.0)))
+        if cluster.get_inference_service(namespace, name) is None:
+            raise NotFound(f"InferenceService {namespace}/{name} was deleted while it was judged")
 
 
 # --- The cluster ------------------------------------------------------------------------------------
@@ -411,46 +484,65 @@ class KubernetesCluster:
         self._objects = client.CustomObjectsApi(self._api)
         self._apps = client.AppsV1Api(self._api)
         self._core = client.CoreV1Api(self._api)
-        self._not_found = client.ApiException
+        self._api_error = client.ApiException
 
-    def _or_none(self, call: Callable[[], Any]) -> Any:
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        """Makes the API call; a 409 or a 404 becomes Conflict or NotFound naming `what`, so that the
+        rollout's logic never sees the client's exception type. Any other error is not the logic's to
+        handle (a missing right is the operator's to fix): it goes through as it is."""
         try:
             return call()
-        except self._not_found as error:
-            if error.status == 404:
-                return None
+        except self._api_error as error:
+            if error.status == HTTP_CONFLICT:
+                raise Conflict(f"{what}: {server_message(error)}") from None
+            if error.status == HTTP_NOT_FOUND:
+                raise NotFound(f"{what}: {server_message(error)}") from None
             raise
 
+    def _or_none(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return self._call(what, call)
+        except NotFound:
+            return None
+
     def get_inference_service(self, namespace: str, name: str) -> dict | None:
-        return self._or_none(lambda: self._objects.get_namespaced_custom_object(
+        what = f"InferenceService {namespace}/{name}"
+        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
             ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
 
     def create_inference_service(self, namespace: str, manifest: dict) -> None:
-        self._objects.create_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, manifest)
+        what = f"InferenceService {namespace}/{manifest['metadata']['name']}"
+        self._call(what, lambda: self._objects.create_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, manifest))
 
     def replace_inference_service(self, namespace: str, name: str, manifest: dict) -> None:
-        self._objects.replace_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name, manifest)
+        what = f"InferenceService {namespace}/{name}"
+        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name, manifest))
 
     def delete_inference_service(self, namespace: str, name: str) -> None:
-        self._objects.delete_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name)
+        what = f"InferenceService {namespace}/{name}"
+        self._call(what, lambda: self._objects.delete_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
 
     def get_http_route(self, namespace: str, name: str) -> dict | None:
-        return self._or_none(lambda: self._objects.get_namespaced_custom_object(
+        what = f"HTTPRoute {namespace}/{name}"
+        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
             ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name))
 
     def create_http_route(self, namespace: str, manifest: dict) -> None:
-        self._objects.create_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, manifest)
+        what = f"HTTPRoute {namespace}/{manifest['metadata']['name']}"
+        self._call(what, lambda: self._objects.create_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, manifest))
 
     def replace_http_route(self, namespace: str, name: str, manifest: dict) -> None:
-        self._objects.replace_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name, manifest)
+        what = f"HTTPRoute {namespace}/{name}"
+        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name, manifest))
 
     def get_deployment(self, namespace: str, name: str) -> dict | None:
-        deployment = self._or_none(lambda: self._apps.read_namespaced_deployment(name, namespace))
+        deployment = self._or_none(f"Deployment {namespace}/{name}",
+                                   lambda: self._apps.read_namespaced_deployment(name, namespace))
         return None if deployment is None else self._api.sanitize_for_serialization(deployment)
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
@@ -461,10 +553,18 @@ class KubernetesCluster:
         try:
             return self._core.connect_get_namespaced_pod_proxy_with_path(
                 f"{pod}:{port}", namespace, "metrics")
-        except self._not_found as error:
+        except self._api_error as error:
             if error.status in UNREADABLE_POD_STATUSES:
                 return None
             raise
+
+
+def server_message(error: Any) -> str:
+    """What the API server said (its Status object's message), else the HTTP status and reason."""
+    try:
+        return str(json.loads(error.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"HTTP {error.status} {error.reason}"
 
 
 # --- Command line -----------------------------------------------------------------------------------
@@ -549,8 +649,13 @@ def run_command(cluster: Cluster, args: argparse.Namespace, timing: Timing = Tim
     if args.command == "rollback":
         say(f"rollout: {rollback(cluster, namespace, args.model_name, say)}")
         return
-    analysis = analyse(cluster, namespace, args.model_name, policy_of(args), args.max_wait_seconds,
-                       args.version, Timing(EVIDENCE_POLL_SECONDS, timing.clock, timing.sleep), say)
+    try:
+        analysis = analyse(cluster, namespace, args.model_name, policy_of(args), args.max_wait_seconds,
+                           args.version, Timing(EVIDENCE_POLL_SECONDS, timing.clock, timing.sleep), say)
+    except NotFound as gone:
+        if args.command == "analyse":  # changes nothing
+            raise
+        raise canary_gone(cluster, namespace, args.model_name, str(gone), say) from None
     if analysis is None:
         of_version = f" of version {args.version}" if args.version else ""
         record = {"decision": "none", "reason": f"no canary{of_version} in {namespace}: nothing to decide"}

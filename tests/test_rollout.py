@@ -6,9 +6,11 @@ stand in for the cluster, answering as Kubernetes and KServe do."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
+from typing import Callable, Iterable, Iterator
 from unittest import mock
 
 import pytest
@@ -43,11 +45,11 @@ def deployment(uri: str, generation: int = 2, observed: int = 2, replicas: int =
 
 
 def pod(uri: str, waiting: str | None = None, container: str = "storage-initializer",
-        message: str = "") -> dict:
+        message: str = "", isvc: str = "fmnist") -> dict:
     statuses = [{"name": container, "state": {"waiting": {"reason": waiting, "message": message}}
                  if waiting else {"running": {}}}]
     key = "initContainerStatuses" if container == "storage-initializer" else "containerStatuses"
-    return {"metadata": {"name": f"fmnist-predictor-{uri[-1]}-abc",
+    return {"metadata": {"name": f"{isvc}-predictor-{uri[-1]}-abc",
                          "annotations": {"internal.serving.kserve.io/storage-initializer-sourceuri": uri}},
             "status": {key: statuses}}
 
@@ -245,64 +247,119 @@ def ready_pod(name: str) -> dict:
 
 
 class FakeKServe:
-    """InferenceServices and the route as the API server keeps them; each InferenceService's
-    predictor rolls out at once; each pod's /metrics is what `traffic` says it has served so far."""
+    """The API server's side of the InferenceServices and the route, as KubernetesCluster reports it:
+    each object has a resourceVersion that every write moves on; a replace at another one is a
+    Conflict (409), and so is a create of an object that exists (AlreadyExists); a replace or delete of
+    one that does not exist is NotFound (404). A predictor rolls out at once unless its release is
+    `stuck`; each pod's /metrics is what `traffic` says it has served so far. `before_writes_to` has
+    another writer act between the step's read of an object and its write."""
 
-    def __init__(self, isvcs: dict[str, dict] | None = None):
-        self.isvcs = {name: {**m, "metadata": {**m["metadata"], "resourceVersion": "1"}}
-                      for name, m in (isvcs or {}).items()}
+    def __init__(self, isvcs: dict[str, dict] | None = None, route_percent: int | None = None):
+        self.revision = 0
+        self.isvcs = {name: self._stamped(m, name) for name, m in (isvcs or {}).items()}
         self.routes: dict[str, dict] = {}
-        self.deleted: list[str] = []
-        self.log: list[str] = []  # the writes, in order
+        if route_percent is not None:
+            self.put_route(route_percent)
+        self.log: list[str] = []  # the step's writes, in order
+        # storage URI -> why the new predictor pod waits (None: not fatal, it is just not available yet)
+        self.stuck: dict[str, str | None] = {}
         # pod name -> (InferenceService, [(requests, errors, latency sum) at each successive scrape])
         self.traffic: dict[str, tuple[str, list[tuple[int, int, float]]]] = {}
         self.unreadable: set[str] = set()  # pods whose /metrics the pod proxy cannot reach
+        self.meddling: dict[str, Iterator[Callable[[], None]]] = {}
+
+    # What others do: KServe's controller, another run, a person with kubectl.
+
+    def _stamped(self, manifest: dict, name: str) -> dict:
+        self.revision += 1
+        return {**manifest, "metadata": {**manifest["metadata"], "name": name,
+                                         "resourceVersion": str(self.revision)}}
+
+    def put_route(self, percent: int) -> None:
+        self.routes["fmnist-split"] = self._stamped(rollout.http_route("fmnist", percent), "fmnist-split")
+
+    def touch(self, name: str) -> None:
+        """Another writer updates the object (KServe writing its status): a new resourceVersion."""
+        store = self.routes if name in self.routes else self.isvcs
+        store[name] = self._stamped(store[name], name)
+
+    def remove(self, name: str) -> None:
+        (self.routes if name in self.routes else self.isvcs).pop(name, None)
+
+    def before_writes_to(self, name: str, acts: Iterable[Callable[[], None]]) -> None:
+        """Another writer does each of `acts` in turn, just before each of the step's writes to `name`."""
+        self.meddling[name] = iter(acts)
+
+    def _meddle(self, name: str) -> None:
+        act = next(self.meddling.get(name, iter(())), None)
+        if act is not None:
+            act()
+
+    # The API server.
+
+    def _create(self, store: dict, kind: str, manifest: dict) -> None:
+        name = manifest["metadata"]["name"]
+        self._meddle(name)
+        assert "resourceVersion" not in manifest["metadata"]  # the API server refuses one on create
+        if name in store:
+            raise rollout.Conflict(f'{kind} {NAMESPACE}/{name}: {kind.lower()}s "{name}" already exists')
+        store[name] = self._stamped(manifest, name)
+
+    def _replace(self, store: dict, kind: str, name: str, manifest: dict) -> None:
+        self._meddle(name)
+        if name not in store:
+            raise rollout.NotFound(f"{kind} {NAMESPACE}/{name} does not exist")
+        if manifest["metadata"]["resourceVersion"] != store[name]["metadata"]["resourceVersion"]:
+            raise rollout.Conflict(f"{kind} {NAMESPACE}/{name}: the object has been modified")
+        store[name] = self._stamped(manifest, name)
 
     def get_inference_service(self, namespace, name):
         return self.isvcs.get(name)
 
     def create_inference_service(self, namespace, manifest):
-        assert manifest["metadata"]["name"] not in self.isvcs
-        self.isvcs[manifest["metadata"]["name"]] = {**manifest, "metadata": {**manifest["metadata"],
-                                                                             "resourceVersion": "1"}}
+        self._create(self.isvcs, "InferenceService", manifest)
         self.log.append(f"create isvc {manifest['metadata']['name']} {rollout.model_version(manifest)}")
 
     def replace_inference_service(self, namespace, name, manifest):
-        assert manifest["metadata"]["resourceVersion"] == self.isvcs[name]["metadata"]["resourceVersion"]
-        self.isvcs[name] = manifest
+        self._replace(self.isvcs, "InferenceService", name, manifest)
         self.log.append(f"replace isvc {name} {rollout.model_version(manifest)}")
 
     def delete_inference_service(self, namespace, name):
-        del self.isvcs[name]
-        self.deleted.append(name)
+        self._meddle(name)
+        if self.isvcs.pop(name, None) is None:
+            raise rollout.NotFound(f"InferenceService {NAMESPACE}/{name} does not exist")
         self.log.append(f"delete isvc {name}")
 
     def get_http_route(self, namespace, name):
         return self.routes.get(name)
 
-    def _weights(self, manifest):
-        return " ".join(f"{b['name']}={b['weight']}" for b in manifest["spec"]["rules"][0]["backendRefs"])
-
     def create_http_route(self, namespace, manifest):
-        self.routes[manifest["metadata"]["name"]] = {**manifest, "metadata": {**manifest["metadata"],
-                                                                              "resourceVersion": "7"}}
-        self.log.append(f"create route {self._weights(manifest)}")
+        self._create(self.routes, "HTTPRoute", manifest)
+        self.log.append(f"create route {self.weights(manifest['metadata']['name'])}")
 
     def replace_http_route(self, namespace, name, manifest):
-        assert manifest["metadata"]["resourceVersion"] == "7"
-        self.routes[name] = manifest
-        self.log.append(f"route {self._weights(manifest)}")
+        self._replace(self.routes, "HTTPRoute", name, manifest)
+        self.log.append(f"route {self.weights(name)}")
+
+    def weights(self, name: str = "fmnist-split") -> str:
+        route = self.routes[name]
+        return " ".join(f"{b['name']}={b['weight']}" for b in route["spec"]["rules"][0]["backendRefs"])
 
     def get_deployment(self, namespace, name):
-        isvc = self.isvcs[name.removesuffix("-predictor")]
-        return deployment(rollout.storage_uri(isvc))
+        isvc = self.isvcs.get(name.removesuffix("-predictor"))
+        if isvc is None:  # KServe's garbage collection goes with the InferenceService
+            return None
+        uri = rollout.storage_uri(isvc)
+        return deployment(uri, available=0) if uri in self.stuck else deployment(uri)
 
     def list_pods(self, namespace, label_selector):
         isvc = label_selector.partition("=")[2]
         if isvc not in self.isvcs:
             return []
         uri = rollout.storage_uri(self.isvcs[isvc])
-        return [{**pod(uri), **ready_pod(name)} for name, (owner, _) in self.traffic.items() if owner == isvc]
+        new = [pod(uri, self.stuck[uri], "kserve-container", isvc=isvc)] if uri in self.stuck else []
+        return new + [{**pod(uri), **ready_pod(name)} for name, (owner, _) in self.traffic.items()
+                      if owner == isvc]
 
     def pod_metrics(self, namespace, pod_name, port):
         assert port == 8080
@@ -313,11 +370,13 @@ class FakeKServe:
         return metrics_text(rollout.model_version(self.isvcs[owner]), requests, errors, latency)
 
 
-def run(cluster, *args: str) -> list[str]:
+def run(cluster, *args: str, meanwhile: Callable[[], None] = lambda: None) -> list[str]:
+    """Runs the step on a fake clock; `meanwhile` happens while it sleeps."""
     said, now = [], [0.0]
 
     def sleep(seconds: float) -> None:
         now[0] += seconds
+        meanwhile()
 
     rollout.run_command(cluster, rollout.parse_args(args), rollout.Timing(5, lambda: now[0], sleep),
                         said.append)
@@ -350,19 +409,18 @@ def test_a_later_version_is_deployed_as_a_canary_beside_the_stable_one_with_its_
 
 
 def test_with_canary_percent_0_a_later_version_replaces_the_stable_one_at_once():
-    cluster = FakeKServe({"fmnist": manifest("2"), "fmnist-canary": manifest("1")})
-    cluster.routes["fmnist-split"] = {"metadata": {"resourceVersion": "7"}}
+    cluster = FakeKServe({"fmnist": manifest("2"), "fmnist-canary": manifest("1")}, route_percent=10)
     run(cluster, *deploy_args("3", percent=0))
     assert cluster.log == ["replace isvc fmnist 3", "route fmnist-predictor=100", "delete isvc fmnist-canary"]
 
 
 def test_a_version_that_is_already_stable_changes_nothing():
     """The promotion gate kept the served version: select outputs it again."""
-    cluster = FakeKServe({"fmnist": manifest("3")})
-    cluster.routes["fmnist-split"] = {"metadata": {"resourceVersion": "7"}}
+    cluster = FakeKServe({"fmnist": manifest("3")}, route_percent=0)
     said = run(cluster, *deploy_args("3"))
     assert cluster.log == []
-    assert said[-1] == "rollout: version 3 is already the stable version: nothing to roll out"
+    assert said[-1] == ("rollout: version 3 is already the stable version (2 of 2 replicas serve it): "
+                        "nothing to roll out")
 
 
 def test_a_stable_version_served_before_there_were_routes_gets_its_route():
@@ -390,8 +448,7 @@ def test_a_canary_that_serves_no_metrics_is_refused_before_anything_changes():
 
 def canary_under_way(stable_series, canary_series) -> FakeKServe:
     cluster = FakeKServe({"fmnist": manifest("2"),
-                          "fmnist-canary": rollout.renamed(manifest("3"), "fmnist-canary")})
-    cluster.routes["fmnist-split"] = {"metadata": {"resourceVersion": "7"}}
+                          "fmnist-canary": rollout.renamed(manifest("3"), "fmnist-canary")}, route_percent=10)
     cluster.traffic = {"fmnist-predictor-a": ("fmnist", stable_series),
                        "fmnist-canary-predictor-a": ("fmnist-canary", canary_series)}
     return cluster
@@ -465,6 +522,170 @@ def test_promote_and_rollback_by_hand():
         run(cluster, "promote", "--namespace", NAMESPACE, "--model-name", "fmnist")
 
 
+# --- Failure paths: a retried step, other writers, objects that vanish ----------------------------------
+
+def uri_of(version: str) -> str:
+    return rollout.storage_uri(manifest(version))
+
+
+@pytest.mark.parametrize(("waiting", "failure"), [
+    ("ErrImagePull", "pod fmnist-predictor-1-abc: container kserve-container: ErrImagePull"),
+    (None, "fmnist: not rolled out after 60 s: 0 of 2 new replicas are available")])
+def test_a_retried_first_rollout_is_waited_for_and_routed_to_only_once_it_serves(waiting, failure):
+    """Argo retries the serve step: the first attempt created the stable InferenceService and failed.
+    The retry finds it annotated with the version, but that says nothing about whether it serves."""
+    cluster = FakeKServe()
+    cluster.stuck[uri_of("1")] = waiting
+    for _attempt in range(2):
+        with pytest.raises(rollout.RolloutError) as error:
+            run(cluster, *deploy_args("1"), "--timeout-seconds", "60")
+        assert str(error.value).startswith(failure)
+        assert cluster.routes == {}  # no request is sent to a version that does not serve
+    del cluster.stuck[uri_of("1")]  # the image is pushed, or the pull was only slow
+    said = run(cluster, *deploy_args("1"))
+    assert cluster.log == ["create isvc fmnist 1", "create route fmnist-predictor=100"]
+    assert said[-1] == ("rollout: version 1 is already the stable version (2 of 2 replicas serve it): "
+                        "nothing to roll out")
+
+
+def test_a_retried_rollout_with_canary_percent_0_that_broke_the_stable_version_fails_again():
+    cluster = FakeKServe({"fmnist": manifest("2")}, route_percent=0)
+    cluster.stuck[uri_of("3")] = "CrashLoopBackOff"
+    for _attempt in range(2):
+        with pytest.raises(rollout.RolloutError, match="container kserve-container: CrashLoopBackOff"):
+            run(cluster, *deploy_args("3", percent=0))
+        assert rollout.model_version(cluster.isvcs["fmnist"]) == "3"  # what the first attempt wrote
+        assert cluster.weights() == "fmnist-predictor=100"  # the old replicas serve on, as before
+
+
+def test_with_canary_percent_0_a_retry_finishes_what_the_failed_attempt_began():
+    """The stable InferenceService already names the version; the route and the canary are not done."""
+    cluster = FakeKServe({"fmnist": manifest("3"), "fmnist-canary": manifest("1")}, route_percent=10)
+    run(cluster, *deploy_args("3", percent=0))
+    assert cluster.log == ["replace isvc fmnist 3", "route fmnist-predictor=100", "delete isvc fmnist-canary"]
+
+
+def test_a_canary_that_cannot_start_fails_on_every_retry_with_traffic_left_on_the_stable_version():
+    cluster = FakeKServe({"fmnist": manifest("2")}, route_percent=0)
+    cluster.stuck[uri_of("3")] = "CrashLoopBackOff"
+    for _attempt in range(2):
+        with pytest.raises(rollout.RolloutError, match="pod fmnist-canary-predictor-3-abc: .*: CrashLoop"):
+            run(cluster, *deploy_args("3"))
+        assert cluster.weights() == "fmnist-predictor=100"
+    del cluster.stuck[uri_of("3")]  # a fixed image: the next retry rolls the canary out and routes it
+    said = run(cluster, *deploy_args("3"))
+    assert cluster.weights() == "fmnist-predictor=90 fmnist-canary-predictor=10"
+    assert said[-1].endswith("taking 10% of requests; version 2 stays stable")
+
+
+@pytest.mark.parametrize("name", ["fmnist", "fmnist-split"])
+def test_a_write_that_conflicts_with_another_writers_is_read_again_and_retried(name):
+    """KServe's controller updates the InferenceService's status between the step's read and write."""
+    cluster = FakeKServe({"fmnist": manifest("2")}, route_percent=10)
+    cluster.before_writes_to(name, [lambda: cluster.touch(name)])
+    run(cluster, *deploy_args("3", percent=0))
+    assert cluster.log == ["replace isvc fmnist 3", "route fmnist-predictor=100"]
+    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == uri_of("3")
+
+
+def test_a_create_that_finds_the_object_already_there_replaces_it():
+    cluster = FakeKServe()
+    cluster.before_writes_to("fmnist-split", [lambda: cluster.put_route(10)])  # another run's serve step
+    run(cluster, *deploy_args("1"))
+    assert cluster.log == ["create isvc fmnist 1", "route fmnist-predictor=100"]
+
+
+def test_a_write_that_conflicts_every_time_fails_after_a_bounded_number_of_attempts():
+    cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
+    touches = []
+
+    def touch() -> None:
+        touches.append("fmnist")
+        cluster.touch("fmnist")
+
+    cluster.before_writes_to("fmnist", itertools.repeat(touch))
+    with mock.patch.object(rollout, "KubernetesCluster", lambda: cluster), pytest.raises(SystemExit) as exit_:
+        rollout.main(["promote", "--namespace", NAMESPACE, "--model-name", "fmnist"])
+    assert str(exit_.value) == ("rollout: promote: InferenceService dist-ml/fmnist: not written in 5 "
+                                "attempts: another writer changed it between each read and write")
+    assert len(touches) == 5 and cluster.log == []
+    assert cluster.weights() == "fmnist-predictor=90 fmnist-canary-predictor=10"  # as it was
+
+
+def test_an_inference_service_deleted_between_the_steps_read_and_its_write_is_created_again():
+    cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
+    cluster.before_writes_to("fmnist", [lambda: cluster.remove("fmnist")])
+    run(cluster, "promote", "--namespace", NAMESPACE, "--model-name", "fmnist")
+    assert cluster.log == ["create isvc fmnist 3", "route fmnist-predictor=100", "delete isvc fmnist-canary"]
+
+
+def test_a_route_deleted_before_the_step_updates_it_is_created_again():
+    cluster = FakeKServe({"fmnist": manifest("2")}, route_percent=0)
+    cluster.before_writes_to("fmnist-split", [lambda: cluster.remove("fmnist-split")])
+    run(cluster, *deploy_args("3"))
+    assert cluster.log == ["create isvc fmnist-canary 3",
+                           "create route fmnist-predictor=90 fmnist-canary-predictor=10"]
+
+
+def test_an_inference_service_deleted_while_it_rolls_out_fails_at_once():
+    cluster = FakeKServe()
+    cluster.stuck[uri_of("1")] = None
+    with pytest.raises(rollout.RolloutError) as error:
+        run(cluster, *deploy_args("1"), meanwhile=lambda: cluster.remove("fmnist"))
+    assert str(error.value) == "InferenceService dist-ml/fmnist was deleted while it rolled out"
+    assert cluster.routes == {}
+
+
+def test_a_canary_deleted_while_it_is_judged_is_not_judged_and_loses_its_share(tmp_path):
+    cluster = canary_under_way([(0, 0, 0.0), (500, 0, 10.0)], [(40, 0, 0.8), (100, 0, 2.0)])
+    with pytest.raises(rollout.RolloutError) as error:
+        run(cluster, *decide_args(tmp_path), meanwhile=lambda: cluster.remove("fmnist-canary"))
+    assert str(error.value) == ("InferenceService dist-ml/fmnist-canary was deleted while it was judged; "
+                                "rolled back: version 2 serves every request")
+    assert cluster.weights() == "fmnist-predictor=100"  # not 10% to a Service that is gone
+    assert not (tmp_path / "decision.json").exists()
+
+
+def test_analyse_of_a_canary_deleted_while_it_is_judged_fails_and_changes_nothing(tmp_path):
+    cluster = canary_under_way([(0, 0, 0.0)], [(40, 0, 0.8)])
+    with pytest.raises(rollout.RolloutError, match="fmnist-canary was deleted while it was judged$"):
+        run(cluster, "analyse", *decide_args(tmp_path)[1:], meanwhile=lambda: cluster.remove("fmnist-canary"))
+    assert cluster.log == []
+
+
+def test_a_canary_deleted_before_the_rollout_step_loses_its_share_and_the_step_fails(tmp_path):
+    cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
+    cluster.remove("fmnist-canary")
+    with pytest.raises(rollout.RolloutError, match="fmnist-canary does not exist, yet the route sends it"):
+        run(cluster, *decide_args(tmp_path))
+    assert cluster.log == ["route fmnist-predictor=100"]
+
+
+def test_a_canary_deleted_just_before_promote_reads_it_loses_its_share_and_the_step_fails(tmp_path):
+    cluster = canary_under_way([(0, 0, 0.0), (500, 0, 10.0)], [(40, 0, 0.8), (100, 0, 2.0)])
+    promote = rollout.promote
+
+    def promote_once_it_is_gone(cluster, *args, **kwargs):
+        cluster.remove("fmnist-canary")
+        return promote(cluster, *args, **kwargs)
+
+    with mock.patch.object(rollout, "promote", promote_once_it_is_gone), \
+            pytest.raises(rollout.RolloutError) as error:
+        run(cluster, *decide_args(tmp_path))
+    assert str(error.value) == ("no canary InferenceService dist-ml/fmnist-canary to promote; "
+                                "rolled back: version 2 serves every request")
+    assert cluster.log == ["route fmnist-predictor=100"]
+    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
+
+
+def test_retiring_a_canary_someone_already_deleted_is_not_an_error():
+    cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
+    cluster.before_writes_to("fmnist-canary", [lambda: cluster.remove("fmnist-canary")])
+    said = run(cluster, "rollback", "--namespace", NAMESPACE, "--model-name", "fmnist")
+    assert cluster.log == ["route fmnist-predictor=100"] and "fmnist-canary" not in cluster.isvcs
+    assert said[-1] == "rollout: rolled back: version 2 serves every request"
+
+
 def test_the_route_splits_between_kserves_predictor_services_and_validates(validate_crd):
     route = rollout.http_route("fmnist", 10, {"app.kubernetes.io/part-of": "dist-ml"})
     assert validate_crd("gateway-api-v1.2.1/gateway.networking.k8s.io_httproutes.yaml", route) == []
@@ -536,6 +757,40 @@ def test_the_pod_proxy_skips_a_pod_going_away_but_not_a_refusal(status, raises):
                 cluster.pod_metrics(NAMESPACE, "fmnist-predictor-a", 8080)
         else:
             assert cluster.pod_metrics(NAMESPACE, "fmnist-predictor-a", 8080) is None
+
+
+@pytest.mark.parametrize(("status", "raised", "message"), [
+    (409, "Conflict", 'Operation cannot be fulfilled on httproutes "fmnist-split": the object has been '
+                      'modified'),
+    (404, "NotFound", 'httproutes.gateway.networking.k8s.io "fmnist-split" not found'),
+    (403, "ApiException", "httproutes is forbidden")])
+def test_the_cluster_reports_conflicts_and_missing_objects_in_the_modules_own_terms(status, raised, message):
+    """The logic handles Conflict and NotFound, naming the object, and never the client's exception; a
+    refusal is the operator's to fix and goes through as it is."""
+    from kubernetes import client
+
+    error = client.ApiException(status=status)
+    error.body = json.dumps({"kind": "Status", "message": message})
+    objects = mock.Mock(**{f"{verb}_namespaced_custom_object.side_effect": error
+                           for verb in ("get", "create", "replace", "delete")})
+    with mock.patch("kubernetes.config.load_incluster_config"), \
+            mock.patch("kubernetes.client.CustomObjectsApi", lambda *a: objects):
+        cluster = rollout.KubernetesCluster()
+        route = rollout.http_route("fmnist", 0)
+        writes = [lambda: cluster.create_inference_service(NAMESPACE, manifest()),
+                  lambda: cluster.replace_inference_service(NAMESPACE, "fmnist", manifest()),
+                  lambda: cluster.delete_inference_service(NAMESPACE, "fmnist"),
+                  lambda: cluster.create_http_route(NAMESPACE, route),
+                  lambda: cluster.replace_http_route(NAMESPACE, "fmnist-split", route)]
+        for write in writes:
+            with pytest.raises(Exception) as caught:
+                write()
+            assert type(caught.value).__name__ == raised
+        if status == 404:  # a get of a missing object is an answer, not an error
+            assert cluster.get_inference_service(NAMESPACE, "fmnist") is None
+            assert cluster.get_http_route(NAMESPACE, "fmnist-split") is None
+    if status != 403:
+        assert str(caught.value) == f"HTTPRoute dist-ml/fmnist-split: {message}"
 
 
 def test_the_workflow_runs_this_module_by_the_name_the_shared_names_give() -> None:
