@@ -470,8 +470,9 @@ def analyse(cluster: Cluster, namespace: str, model_name: str, policy: canary.Po
 
 # --- The cluster ------------------------------------------------------------------------------------
 
-class KubernetesCluster:
-    """The Cluster of the pod's own service account (or the local kubeconfig outside a pod)."""
+class KubernetesApi:
+    """The API as the pod's own service account (or the local kubeconfig outside a pod) reaches it,
+    with the client's errors the cluster steps handle made theirs."""
 
     def __init__(self) -> None:
         from kubernetes import client, config
@@ -504,6 +505,14 @@ class KubernetesCluster:
             return self._call(what, call)
         except NotFound:
             return None
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
+        pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
+        return self._api.sanitize_for_serialization(pods)["items"]
+
+
+class KubernetesCluster(KubernetesApi):
+    """The Cluster of a rollout."""
 
     def get_inference_service(self, namespace: str, name: str) -> dict | None:
         what = f"InferenceService {namespace}/{name}"
@@ -544,10 +553,6 @@ class KubernetesCluster:
         deployment = self._or_none(f"Deployment {namespace}/{name}",
                                    lambda: self._apps.read_namespaced_deployment(name, namespace))
         return None if deployment is None else self._api.sanitize_for_serialization(deployment)
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
-        pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
-        return self._api.sanitize_for_serialization(pods)["items"]
 
     def pod_metrics(self, namespace: str, pod: str, port: int) -> str | None:
         try:

@@ -18,12 +18,13 @@ preempted node trains again from the variant's last backup (BackupAndRestore).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from typing import Any, Callable, Protocol, Sequence
 
 from common import cli
 from common.cluster_names import MANIFEST_FLAG, TFJOB_GROUP, TFJOB_PLURAL, TFJOB_VERSION
-from serving.rollout import Timing, pod_failure
+from serving.rollout import KubernetesApi, NotFound, RolloutError, Timing, pod_failure
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # the operator labels a job's pods with it
 DEFAULT_TIMEOUT_SECONDS = 6 * 3600.0
@@ -139,45 +140,23 @@ def run(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: float
         raise
 
 
-class KubernetesCluster:
-    """The Cluster of the pod's own service account (or the local kubeconfig outside a pod)."""
-
-    def __init__(self) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._api = client.ApiClient()
-        self._objects = client.CustomObjectsApi(self._api)
-        self._core = client.CoreV1Api(self._api)
-        self._api_error = client.ApiException
+class KubernetesCluster(KubernetesApi):
+    """The Cluster of a train step."""
 
     def get_tfjob(self, namespace: str, name: str) -> dict | None:
-        try:
-            return self._objects.get_namespaced_custom_object(TFJOB_GROUP, TFJOB_VERSION, namespace,
-                                                              TFJOB_PLURAL, name)
-        except self._api_error as error:
-            if error.status == 404:
-                return None
-            raise
+        return self._or_none(f"TFJob {namespace}/{name}", lambda: self._objects.get_namespaced_custom_object(
+            TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name))
 
     def create_tfjob(self, namespace: str, manifest: dict) -> None:
-        self._objects.create_namespaced_custom_object(TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL,
-                                                      manifest)
+        self._call(f"TFJob {namespace}/{manifest['metadata']['name']}",
+                   lambda: self._objects.create_namespaced_custom_object(
+                       TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, manifest))
 
     def delete_tfjob(self, namespace: str, name: str) -> None:
-        try:
-            self._objects.delete_namespaced_custom_object(TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL,
-                                                          name, propagation_policy="Foreground")
-        except self._api_error as error:
-            if error.status != 404:  # already gone: what deleting it was for
-                raise
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
-        pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
-        return self._api.sanitize_for_serialization(pods)["items"]
+        """Deletes the job and, before it is gone, its pods (foreground); one already gone is fine."""
+        with contextlib.suppress(NotFound):
+            self._call(f"TFJob {namespace}/{name}", lambda: self._objects.delete_namespaced_custom_object(
+                TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name, propagation_policy="Foreground"))
 
 
 def tfjob_arg(text: str) -> dict[str, Any]:
@@ -204,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         print(f"tfjob: {run(KubernetesCluster(), args.namespace, args.manifest, args.timeout_seconds)}")
-    except TrainingFailed as error:
+    except (TrainingFailed, RolloutError) as error:  # RolloutError: an API call the step could not make
         raise SystemExit(f"tfjob: {error}") from None
 
 

@@ -6,11 +6,13 @@ saw; a pod that cannot pull its image never fails the job; a retried step finds 
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import pytest
 from conftest import REPO_ROOT, run_module
 from stack_checks import embedded
 
+from common import cluster_names
 from pipeline import argo
 from pipeline.config import parse_config
 from serving import tfjob_step
@@ -152,3 +154,38 @@ def test_a_bad_manifest_is_refused_in_one_line():
     result = run_module("serving.tfjob_step", "--namespace", "x", "--manifest", '{"kind": "Pod"}')
     assert result.returncode == 2 and "not a TFJob manifest (ValueError: kind 'Pod')" in result.stderr
     assert "Traceback" not in result.stderr and REPO_ROOT.is_dir()
+
+
+def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants_and_a_gone_job_is_deleted():
+    from kubernetes import client
+
+    from infra.pipeline import WORKFLOW_POD_RULES
+
+    granted = {(group, resource, verb) for rule in WORKFLOW_POD_RULES for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    verbs = {"get_namespaced_custom_object": "get", "create_namespaced_custom_object": "create",
+             "delete_namespaced_custom_object": "delete"}
+    made = set()
+
+    def recording(method):
+        def call(group, version, namespace, plural, *rest, **options):
+            assert (group, version, plural) == ("kubeflow.org", "v1", "tfjobs")
+            made.add((group, plural, verbs[method]))
+            if method == "delete_namespaced_custom_object":
+                assert options == {"propagation_policy": "Foreground"}  # its pods go before it does
+                raise client.ApiException(status=404, reason="Not Found")
+            return {}
+        return call
+
+    objects = mock.Mock(**{method: recording(method) for method in verbs})
+    core = mock.Mock(**{"list_namespaced_pod.side_effect":
+                        lambda *a, **k: made.add(("", "pods", "list")) or client.V1PodList(items=[])})
+    with mock.patch("kubernetes.config.load_incluster_config"), \
+            mock.patch("kubernetes.client.CustomObjectsApi", lambda *a: objects), \
+            mock.patch("kubernetes.client.CoreV1Api", lambda *a: core):
+        cluster = tfjob_step.KubernetesCluster()
+        cluster.get_tfjob(NAMESPACE, NAME)
+        cluster.create_tfjob(NAMESPACE, manifest())
+        cluster.delete_tfjob(NAMESPACE, NAME)  # already gone: no error
+        assert cluster.list_pods(NAMESPACE, "x=y") == []
+    assert made == set(cluster_names.TFJOB_STEP_CALLS) and made <= granted
