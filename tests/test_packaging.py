@@ -295,3 +295,60 @@ def test_tf_serving_is_no_older_than_the_tensorflow_that_writes_the_exports() ->
     pinned = tuple(int(part) for part in str(tensorflow.specifier).lstrip("=").split(".")[:2])
     assert EXPORTER_TENSORFLOW == pinned, "trainer.serving_contract.EXPORTER_TENSORFLOW follows the pin"
     assert release(TF_SERVING_VERSION) >= EXPORTER_TENSORFLOW
+
+
+def reached_from(starts: tuple[str, ...]) -> set[str]:
+    """The project modules named by `starts` or under them, and every project module they import
+    (anywhere in them), transitively."""
+    modules = project_modules(REPO_ROOT)
+    pending = [name for name in modules if any(name == s or name.startswith(f"{s}.") for s in starts)]
+    reached: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in reached or name not in modules:
+            continue
+        reached.add(name)
+        for found in imports_of(modules[name], name, REPO_ROOT):
+            parts = found.target.split(".")
+            pending.extend(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+    return reached
+
+
+def distribution_closure(requirements: list[str]) -> set[str]:
+    """The distributions `requirements` install, by PEP 503 name, from the dev venv's metadata (which
+    holds the locked versions of all of them)."""
+    pending, found = [Requirement(text) for text in requirements], set()
+    while pending:
+        requirement = pending.pop()
+        name = lock.normalize(requirement.name)
+        if name in found:
+            continue
+        found.add(name)
+        for text in importlib.metadata.distribution(name).requires or ():
+            needed = Requirement(text)
+            if needed.marker is None or needed.marker.evaluate({"extra": ""}):
+                pending.append(needed)
+    return found
+
+
+POLICY_PACK_REQUIREMENTS = REPO_ROOT / "policy" / "requirements.txt"
+
+
+def policy_pack_requirements() -> list[str]:
+    """policy/requirements.txt but pulumi-policy, which the dev venv leaves out (it pins protobuf 5)."""
+    lines = [line.split("#")[0].strip() for line in POLICY_PACK_REQUIREMENTS.read_text().splitlines()]
+    return [line for line in lines if line and lock.normalize(Requirement(line).name) != "pulumi-policy"]
+
+
+@pytest.mark.parametrize("starts, requirements", [
+    (("stacks", "infra"), lambda: lock.project_requirements(("infra",))),  # pip install '.[infra]'
+    (("stacks.policy_pack",), policy_pack_requirements),
+], ids=["pulumi-program", "policy-pack"])
+def test_what_each_program_imports_is_in_the_environment_it_runs_in(starts, requirements) -> None:
+    """The fast, static twin of tests/test_environments.py: every third-party import reachable from
+    the program (anywhere in its modules) belongs to a distribution its environment installs."""
+    installed = distribution_closure(requirements())
+    providers = importlib.metadata.packages_distributions()
+    missing = {top: where for top, where in third_party_imports(reached_from(starts)).items()
+               if not any(lock.normalize(dist) in installed for dist in providers.get(top, ()))}
+    assert not missing, f"imported but not installed where it runs: {missing}"
