@@ -84,13 +84,21 @@ bench-variants: $(INSTALLED)
 lock: $(INSTALLED)
 	$(PY) tools/lock.py
 
-# Before `pulumi up --stack $(STACK)`: docker (and its daemon), k3d, pulumi and kubectl, each new
+# Before `pulumi up --stack $(STACK)`: docker (and its daemon), k3d, pulumi, kubectl and git, each new
 # enough; STACK=gke checks gcloud and gke-gcloud-auth-plugin instead of k3d (infra/preflight.py).
 # The standard library suffices, so it runs before .venv exists and takes a second.
 STACK ?= local
 .PHONY: preflight
 preflight:
 	$(PYTHON) -m infra.preflight --stack $(STACK)
+
+# The whole system on a real k3d cluster (tools/e2e.py): preflight, a throwaway stack `local` in a file
+# backend under .cache/e2e/, `pulumi up`, one workflow run, one prediction through the Gateway, then
+# destroy. Needs what `make preflight` checks. E2E_FLAGS="--keep --timeout-minutes 180" for its options.
+E2E_FLAGS ?=
+.PHONY: e2e
+e2e: $(INSTALLED)
+	$(PY) tools/e2e.py $(E2E_FLAGS)
 
 clean:
 	rm -rf runs

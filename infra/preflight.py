@@ -39,6 +39,10 @@ KUBECTL_MIN: Version = (1, 32)
 GCLOUD_MIN: Version = (400, 0)
 # The plugin has no minimum of its own: it is a gcloud component, updated with the SDK.
 GKE_AUTH_PLUGIN_MIN: Version = ()
+# Pulumi's Kubernetes provider builds the training operator's kustomize overlay (infra/platform.py)
+# from its GitHub URL, and kustomize fetches it with the git on PATH: init, remote add, a shallow
+# fetch of the tag, checkout. Those commands predate git 2.0, so no minimum: only that it runs.
+GIT_MIN: Version = ()
 
 
 def dotted(text: str) -> Version | None:
@@ -109,11 +113,12 @@ GKE_AUTH_PLUGIN = Tool("gke-gcloud-auth-plugin", GKE_AUTH_PLUGIN_MIN, "",
                        "run `gcloud components install gke-gcloud-auth-plugin` (GKE docs "
                        '"Install kubectl and configure cluster access")',
                        (Probe(("--version",), dotted),))
+GIT = Tool("git", GIT_MIN, "", 'see git-scm.com "Downloads"', (Probe(("--version",), after("git version")),))
 
 TOOLS_BY_STACK: dict[str, tuple[Tool, ...]] = {
-    "local": (DOCKER, K3D, PULUMI, KUBECTL),
+    "local": (DOCKER, K3D, PULUMI, KUBECTL, GIT),
     # GKE still builds the images with Docker and pushes them; no k3d.
-    "gke": (DOCKER, PULUMI, KUBECTL, GCLOUD, GKE_AUTH_PLUGIN),
+    "gke": (DOCKER, PULUMI, KUBECTL, GCLOUD, GKE_AUTH_PLUGIN, GIT),
 }
 
 

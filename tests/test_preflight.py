@@ -83,14 +83,18 @@ GKE_AUTH_PLUGIN = """\
 [ "$*" = "--version" ] || exit 64
 echo "Kubernetes v1.30.0+1ddd3c8d4d5a6d0b2ab4f5e7c0b3c5bde0d3a1f4"
 """
+# As Apple's build prints it: the version, then its own.
+GIT = '[ "$*" = "--version" ] || exit 64\necho "git version 2.39.5 (Apple Git-154)"\n'
+GIT_UNVERSIONED = '[ "$*" = "--version" ] || exit 64\necho "dev build"\n'
 
-LOCAL_TOOLS = {"docker": DOCKER_UP, "k3d": K3D, "pulumi": PULUMI, "kubectl": KUBECTL}
+LOCAL_TOOLS = {"docker": DOCKER_UP, "k3d": K3D, "pulumi": PULUMI, "kubectl": KUBECTL, "git": GIT}
 GKE_TOOLS = {**LOCAL_TOOLS, "gcloud": GCLOUD, "gke-gcloud-auth-plugin": GKE_AUTH_PLUGIN}
 
 OK_DOCKER = "ok: docker 27.3.1 (>= 24.0), daemon answers"
 OK_K3D = "ok: k3d 5.8.3 (>= 5.6)"
 OK_PULUMI = "ok: pulumi 3.190.0 (>= 3.120)"
 OK_KUBECTL = "ok: kubectl 1.33.4 (>= 1.32)"
+OK_GIT = "ok: git 2.39.5"
 
 
 def fake_path(directory: Path, tools: dict[str, str]) -> Path:
@@ -111,7 +115,7 @@ def preflight(path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_all_present_prints_each_version_and_exits_0(tmp_path):
     result = preflight(fake_path(tmp_path / "bin", LOCAL_TOOLS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines() == [OK_DOCKER, OK_K3D, OK_PULUMI, OK_KUBECTL,
+    assert result.stdout.splitlines() == [OK_DOCKER, OK_K3D, OK_PULUMI, OK_KUBECTL, OK_GIT,
                                           "preflight: ready for `pulumi up --stack local`"]
     assert result.stderr == ""
 
@@ -123,7 +127,7 @@ def test_a_missing_tool_is_one_line_naming_its_install_page(tmp_path):
     assert result.stdout.splitlines() == [
         OK_DOCKER,
         'problem: k3d is not on PATH; install k3d >= 5.6: see k3d.io "Installation"',
-        OK_PULUMI, OK_KUBECTL,
+        OK_PULUMI, OK_KUBECTL, OK_GIT,
     ]
     assert result.stderr.splitlines() == [
         "preflight: 1 problem(s) for `pulumi up --stack local`; fix them and run "
@@ -138,7 +142,7 @@ def test_too_old_tools_say_what_they_are_older_than_and_why(tmp_path):
         'see Docker docs "Install Docker Engine" or "Install Docker Desktop"',
         "problem: k3d 5.4.6 is older than 5.6 (needed for k3s 1.33 images); upgrade it: "
         'see k3d.io "Installation"',
-        OK_PULUMI, OK_KUBECTL,
+        OK_PULUMI, OK_KUBECTL, OK_GIT,
     ]
     assert "2 problem(s)" in result.stderr
 
@@ -150,7 +154,7 @@ def test_docker_whose_daemon_does_not_answer_is_a_problem(tmp_path):
         "problem: docker 27.3.1 is installed but its daemon does not answer (`docker info`: exit "
         f"status 1: {DOCKER_DOWN}); start Docker Desktop or the docker service "
         "(`sudo systemctl start docker`)")
-    assert result.stdout.splitlines()[1:] == [OK_K3D, OK_PULUMI, OK_KUBECTL]
+    assert result.stdout.splitlines()[1:] == [OK_K3D, OK_PULUMI, OK_KUBECTL, OK_GIT]
 
 
 def test_a_version_that_cannot_be_read_is_a_problem_not_a_pass(tmp_path):
@@ -168,7 +172,7 @@ def test_gke_needs_gcloud_and_its_auth_plugin_but_not_k3d(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == [
         OK_DOCKER, OK_PULUMI, OK_KUBECTL, "ok: gcloud 540.0.0 (>= 400.0)",
-        "ok: gke-gcloud-auth-plugin 1.30.0", "preflight: ready for `pulumi up --stack gke`"]
+        "ok: gke-gcloud-auth-plugin 1.30.0", OK_GIT, "preflight: ready for `pulumi up --stack gke`"]
 
 
 def test_gke_without_gcloud_or_the_plugin_lists_both(tmp_path):
@@ -180,8 +184,27 @@ def test_gke_without_gcloud_or_the_plugin_lists_both(tmp_path):
         "problem: gke-gcloud-auth-plugin is not on PATH; install gke-gcloud-auth-plugin: run "
         "`gcloud components install gke-gcloud-auth-plugin` (GKE docs "
         '"Install kubectl and configure cluster access")',
+        OK_GIT,
     ]
     assert "2 problem(s) for `pulumi up --stack gke`" in result.stderr
+
+
+@pytest.mark.parametrize("stack", ["local", "gke"])
+def test_git_is_checked_for_both_stacks(tmp_path, stack):
+    """kustomize fetches the training operator's manifests with git, on either stack."""
+    tools = {name: body for name, body in GKE_TOOLS.items() if name != "git"}
+    result = preflight(fake_path(tmp_path / "bin", tools), "--stack", stack)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1] == (
+        'problem: git is not on PATH; install git: see git-scm.com "Downloads"')
+    assert f"1 problem(s) for `pulumi up --stack {stack}`" in result.stderr
+
+
+def test_a_git_that_prints_no_version_but_runs_passes(tmp_path):
+    """git has no minimum, so a build whose --version says no number still passes."""
+    result = preflight(fake_path(tmp_path / "bin", {**LOCAL_TOOLS, "git": GIT_UNVERSIONED}))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok: git runs" in result.stdout.splitlines()
 
 
 @pytest.mark.parametrize("args", [["--stack", "aws"], ["--bogus"]])
