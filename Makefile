@@ -1,4 +1,4 @@
-# The two quick-start commands are `make demo` and `make test`; both build .venv when needed.
+# The quick-start commands are `make demo`, `make test-fast` and `make test`; each builds .venv when needed.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,8 +12,9 @@ SAMPLE_DIR ?= datasets/fashion-mnist-sample
 WORKERS ?= 2
 # Default: every variant defined in trainer/variants.py (read with the standard library alone) but
 # DEMO_SKIP: the demo trains the best variant by cross-validation on the sample, `cnn_gap`, beside
-# the baseline `cnn` (`make bench-variants`; README, Model quality). Training a third variant in
-# parallel would take the demo past 4 minutes on 2 cores. `make demo DEMO_SKIP=` trains them all.
+# the baseline `cnn` (`make bench-variants`; docs/results/model-quality.md). A third variant in
+# parallel takes the demo past 4 minutes on 2 cores (docs/results/demo-time.md).
+# `make demo DEMO_SKIP=` trains them all.
 DEMO_SKIP ?= cnn_dropout cnn_batchnorm cnn_vgg
 VARIANTS ?= $(shell $(PYTHON) -c 'import sys; from trainer.variants import VARIANTS; \
 	print(*(name for name in VARIANTS if name not in sys.argv[1:]))' $(DEMO_SKIP))
@@ -21,7 +22,7 @@ BATCH_SIZE_PER_REPLICA ?= 16
 # sync (all-reduce) or parameter-server (a chief, the workers and PARAMETER_SERVERS ps processes).
 STRATEGY ?= sync
 PARAMETER_SERVERS ?= 1
-# Unset: every variant at once (on 2 cores 3 min 0 s, against 3 min 21 s one at a time; see README).
+# Unset: every variant at once, faster than one at a time on 2 cores (docs/results/demo-time.md).
 PARALLELISM ?=
 # ROLLOUT=promote|rollback decides the canary whatever its evidence (`make demo ROLLOUT=rollback`).
 ROLLOUT ?=
@@ -32,7 +33,7 @@ PIPELINE_RUN = $(PY) -m pipeline run --storage-root $(DEMO_DIR) --workers $(WORK
 	$(if $(filter parameter-server,$(STRATEGY)),--parameter-servers $(PARAMETER_SERVERS)) \
 	$(if $(PARALLELISM),--parallelism $(PARALLELISM)) $(if $(ROLLOUT),--rollout $(ROLLOUT)) $(DATA_FLAGS)
 
-.PHONY: demo serve evaluate test bench bench-train bench-serve bench-variants lock clean
+.PHONY: demo serve evaluate test test-fast bench bench-train bench-serve bench-variants lock clean
 
 # The dev lock, then the project itself, editable: its packages from this checkout, its dependencies
 # from the lock alone (--no-deps; setuptools, which builds it, is in the lock too).
@@ -55,9 +56,17 @@ serve: $(INSTALLED)
 evaluate: $(INSTALLED)
 	$(PY) -m benchmarks.holdout_accuracy --model-repo $(DEMO_DIR)/models
 
+# Every test, spread over the cores (pytest-xdist; a module's tests stay together, so its fixtures
+# are built once). test-fast leaves out the tests marked slow: those that train or export a model,
+# start a server, a pipeline or a script, or build a virtualenv.
+PYTEST_WORKERS ?= auto
 test: $(INSTALLED)
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope
+
+test-fast: $(INSTALLED)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -m "not slow"
 
 # The tests' pinned upstream CRDs (testdata/pins.py): from ../shared/schemas when it is there, else
 # downloaded once into .cache/fixtures/, every file SHA-256 checked. Tests never download.
@@ -74,7 +83,8 @@ bench-serve: $(INSTALLED)
 	$(PY) -m benchmarks.serve_throughput
 
 # Each variant's accuracy by 5-fold cross-validation on the sample's 500 training images, seeds 1
-# and 2 (about 25 minutes on 2 cores): what chose the demo's variants. Not part of `make bench`.
+# and 2 (tens of minutes on 2 cores): what chose the demo's variants (docs/results/model-quality.md).
+# Not part of `make bench`.
 bench-variants: $(INSTALLED)
 	$(PY) -m benchmarks.variant_cv
 

@@ -3,6 +3,7 @@ trained exports."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -20,6 +21,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Values of CI that mean "every test must run": GitHub Actions and the project's CI set CI=true.
 CI_VALUES = {"true", "1", "yes"}
 T = TypeVar("T")
+
+
+# Fixtures that train or export a model: a test that uses one, directly or through another fixture,
+# is slow (`make test-fast` leaves it out), whatever its module.
+TRAINING_FIXTURES = frozenset({"two_worker_export", "one_worker_export", "published_repo", "constant_export"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def in_ci() -> bool:
@@ -59,14 +71,29 @@ def sample_dir() -> Path:
     return require_fixture(fixtures.sample_dir)
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory `build` fills once per test run, however many pytest-xdist workers ask: the first
+    builds it under a lock, the others wait and reuse it (a trained export costs a minute)."""
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
+    directory, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            build(directory)
+            done.touch()
+    return directory
+
+
 @pytest.fixture(scope="session")
 def data_dir(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sample, ingested."""
     from trainer.ingest import ingest
 
-    out = tmp_path_factory.mktemp("ingested") / "data"
-    ingest(str(sample_dir), out)
-    return out
+    ingested = built_once(tmp_path_factory, "ingested", lambda out: ingest(str(sample_dir), out / "data"))
+    return ingested / "data"
 
 
 def train_args(model: str, data_dir: Path, work_dir: Path, *extra: str) -> list[str]:
@@ -80,20 +107,22 @@ def two_worker_export(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     """A `cnn` trained for a few steps by two real worker processes with generated TF_CONFIG."""
     from trainer.launch import run_workers
 
-    work_dir = tmp_path_factory.mktemp("two-workers")
-    run_workers(train_args("cnn", data_dir, work_dir, "--epochs", "2", "--steps-per-epoch", "6"),
-                num_workers=2, log_dir=work_dir / "logs")
-    return work_dir / "export"
+    def train(work_dir: Path) -> None:
+        run_workers(train_args("cnn", data_dir, work_dir, "--epochs", "2", "--steps-per-epoch", "6"),
+                    num_workers=2, log_dir=work_dir / "logs")
+
+    return built_once(tmp_path_factory, "two-workers", train) / "export"
 
 
 @pytest.fixture(scope="session")
 def one_worker_export(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A `cnn_batchnorm` trained for a few steps by one local worker (no TF_CONFIG)."""
-    work_dir = tmp_path_factory.mktemp("one-worker")
-    result = run_module("trainer.train", *train_args(
-        "cnn_batchnorm", data_dir, work_dir, "--epochs", "1", "--steps-per-epoch", "3"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return work_dir / "export"
+    def train(work_dir: Path) -> None:
+        result = run_module("trainer.train", *train_args(
+            "cnn_batchnorm", data_dir, work_dir, "--epochs", "1", "--steps-per-epoch", "3"))
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "one-worker", train) / "export"
 
 
 @pytest.fixture(scope="module")

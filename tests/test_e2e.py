@@ -27,6 +27,8 @@ from PIL import Image
 from pipeline import argo
 from trainer.fashion_mnist import read_split
 
+pytestmark = pytest.mark.slow  # runs the e2e script against stand-ins and a local server
+
 E2E = REPO_ROOT / "tools" / "e2e.py"
 WORKFLOWS = sorted((REPO_ROOT / ".github" / "workflows").glob("*.yml"))
 SCRIPT_TIMEOUT_SECONDS = 60

@@ -38,6 +38,8 @@ from serving.process import stop, wait_until_ready
 from stacks import policies, render
 from tools import lock
 
+pytestmark = pytest.mark.slow  # builds virtualenvs from the package registry, trains and serves
+
 ENVS_DIR = REPO_ROOT / ".cache" / "envs"
 POLICY_DIR = REPO_ROOT / "policy"
 INSTALL_TIMEOUT_SECONDS = 1200

@@ -20,6 +20,8 @@ from trainer import export
 from trainer.atomic import commit
 from trainer.fashion_mnist import read_split
 
+pytestmark = pytest.mark.slow  # scores a trained model
+
 HOLDOUT = REPO_ROOT / "datasets" / "fashion-mnist-holdout"
 SAMPLE = REPO_ROOT / "datasets" / "fashion-mnist-sample"
 ALWAYS = 3  # the class the constant model below predicts: 30 of the 300 holdout images are Dresses

@@ -37,6 +37,8 @@ from trainer.dataset_files import MANIFEST_NAME
 from trainer.fashion_mnist import write_split
 from trainer.ingest import ingest
 
+pytestmark = pytest.mark.slow  # trains, selects and serves on a filesystem that refuses renames
+
 RENAME_A_DIRECTORY = """
 import os, sys
 os.makedirs(sys.argv[1] + "/sub")

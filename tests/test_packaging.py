@@ -255,12 +255,14 @@ def test_the_simulated_image_refuses_what_its_lock_leaves_out(tmp_path: Path) ->
     assert run_as_image("serving", "import kserve", tmp_path).returncode == 0
 
 
+@pytest.mark.slow  # imports TensorFlow and tf-keras in a subprocess
 def test_the_trainer_images_modules_import_with_its_lock_alone(tmp_path: Path) -> None:
     modules = sorted(name for name in modules_run_by("trainer") if name.startswith("trainer."))
     result = run_as_image("trainer", f"import {', '.join(modules)}", tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # exports a model, then loads it in a subprocess
 def test_the_server_loads_and_runs_an_export_without_the_training_stack(tmp_path: Path) -> None:
     """The SavedModel holds a tf-keras model, but loading it needs TensorFlow alone."""
     base = tmp_path / "fmnist"

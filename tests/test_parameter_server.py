@@ -30,6 +30,8 @@ from trainer.launch import (
     wait_for_workers,
 )
 
+pytestmark = pytest.mark.slow  # trains with parameter servers and runs the local pipeline
+
 EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
 DEADLINE_SECONDS = 300
 # Long enough that a replica can be killed between two epochs, short enough for 2 shared cores.

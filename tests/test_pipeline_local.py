@@ -23,6 +23,8 @@ from pipeline import local
 from pipeline.config import parse_config
 from pipeline.definition import StepKind, build_steps
 
+pytestmark = pytest.mark.slow  # runs the whole local pipeline
+
 FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8"]
 EPOCH_LOGGED = re.compile(r"train\[worker:0\]: epoch 1/")
 

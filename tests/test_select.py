@@ -230,6 +230,7 @@ def test_cli_prints_the_table_and_the_version_and_writes_the_version_file(candid
     assert version_file.read_text() == "1\n"
 
 
+@pytest.mark.slow  # the CLI imports TensorFlow
 def test_cli_missing_candidate_is_one_line(data_dir, tmp_path):
     result = run_module("trainer.select", "--candidates", tmp_path / "nope", "--data-dir",
                         data_dir, "--model-repo", tmp_path / "models")

@@ -24,6 +24,8 @@ from test_serving_protocols import grpc_model_server
 from serving.client import bytes_tensor
 from serving.grpc_messages import model_infer, pb
 
+pytestmark = pytest.mark.slow  # starts a model server
+
 MODEL = "fmnist"
 EXAMPLES = 100  # each is one HTTP request: ~100 keeps the test within a minute on two cores
 IMAGE_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I", "F", "CMYK", "YCbCr")

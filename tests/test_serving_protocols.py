@@ -33,6 +33,8 @@ from serving.process import start_module, stop, wait_until_ready
 from stacks import render
 from trainer.fashion_mnist import CLASS_NAMES
 
+pytestmark = pytest.mark.slow  # starts model servers
+
 MODEL = "fmnist"
 INFER = f"/v2/models/{MODEL}/infer"
 GRPC_READY_SECONDS = 30

@@ -34,6 +34,8 @@ from serving.process import model_server, running_server, start_module, stop
 from serving.server import LimitAndMeasure, without_kserve_timing
 from trainer import fashion_mnist, model_repository
 
+pytestmark = pytest.mark.slow  # starts model servers
+
 MODEL = "fmnist"
 
 

@@ -19,6 +19,8 @@ from trainer import fashion_mnist
 from trainer.atomic import is_committed
 from trainer.launch import start_workers, stop_workers, wait_for_workers
 
+pytestmark = pytest.mark.slow  # trains worker processes
+
 EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
 
 

@@ -15,6 +15,8 @@ from benchmarks import variant_cv
 from common import cli
 from trainer.fashion_mnist import NUM_CLASSES, Split, read_split
 
+pytestmark = pytest.mark.slow  # trains every fold
+
 SAMPLE = REPO_ROOT / "datasets" / "fashion-mnist-sample"
 
 
