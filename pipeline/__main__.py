@@ -2,8 +2,9 @@
 
     python -m pipeline run [--config FILE] [--data-source SRC] [--fallback-source SRC]
         [--variants V...] [--workers N] [--epochs N] [--steps-per-epoch N]
-        [--batch-size-per-replica B] [--storage-root DIR] [--parallelism P] [--min-improvement M]
-        [--strategy sync|parameter-server] [--parameter-servers N] [--rollout promote|rollback] [--serve]
+        [--batch-size-per-replica B] [--retries R] [--storage-root DIR] [--parallelism P]
+        [--min-improvement M] [--strategy sync|parameter-server] [--parameter-servers N]
+        [--rollout promote|rollback] [--serve]
     python -m pipeline promote [--config FILE] [--storage-root DIR]
     python -m pipeline rollback [--config FILE] [--storage-root DIR] [--to-version N]
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]

@@ -58,7 +58,7 @@ def unreadable(where: str, error: BaseException) -> InvalidInput:
 def is_model_sized_grey_png(image: Image.Image) -> bool:
     """A PNG of 8-bit grey pixels already at the model's size: PIL decodes it to exactly the pixels
     the graph's own decode gives (PNG is lossless, and the graph's grey -> RGB -> grey and its resize
-    to the same size leave 8-bit values unchanged: the model's outputs were measured identical)."""
+    to the same size leave 8-bit values unchanged: the model's outputs are identical)."""
     return (image.format == "PNG" and image.mode == "L" and image.size == (IMAGE_SIZE, IMAGE_SIZE)
             and len(image.tile) == 1 and image.tile[0].args == "L")  # 8 bits a pixel, one stream
 
@@ -67,10 +67,10 @@ def checked_image(data: bytes, where: str) -> tuple[int, np.ndarray | None]:
     """(width x height, its [28, 28] float32 pixels or None) of an encoded image: refused from its
     header when over MAX_IMAGE_PIXELS (a small file can declare billions) or not a PNG or JPEG.
 
-    Each image is decoded once: a model-sized grey PNG here, by PIL (about 40 µs, and the pixels
-    signature then costs the model ~120 µs an image against ~285 µs for the graph's decode and
-    resize: measured, batches of 32); any other image only from its header here (~15 µs), then by
-    the graph's decoder, whose errors are the input's fault too (a 400, serving.model.run_alone).
+    Each image is decoded once: a model-sized grey PNG here, by PIL, then through the pixels
+    signature, which is cheaper than the graph's decode and resize (docs/results/serving-benchmark.md);
+    any other image only from its header here, then by the graph's decoder, whose errors are the
+    input's fault too (a 400, serving.model.run_alone).
     Every decoder error is the input's fault: PIL raises many kinds (OSError, SyntaxError,
     ValueError, struct.error, EOFError, IndexError...) on hostile files, so all are caught."""
     try:

@@ -207,7 +207,8 @@ async def grpc_sender(address: str, calls: Sequence[object]) -> AsyncIterator[Se
 async def _load(sender: contextlib.AbstractAsyncContextManager[Send], concurrency: int,
                 duration: float | None, total_requests: int | None, images_per_request: int) -> Report:
     # One event loop and bodies encoded once: a thread per worker with `requests` cost the load
-    # generator 2 ms of CPU per request, so on a small machine it, not the server, set the pace.
+    # generator so much CPU per request that on a small machine it, not the server, set the pace
+    # (docs/results/serving-benchmark.md).
     tickets = itertools.count()
     latencies: list[float] = []
     statuses: Counter = Counter()

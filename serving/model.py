@@ -35,7 +35,7 @@ OUTPUTS = ("probabilities", "class_id", "class_name")
 # Set on a request's error by the batch that failed it: the version its failure is counted against.
 FAILED_VERSION_ATTRIBUTE = "model_version"
 # Images admitted and not yet answered before requests get a 503: 32 full batches, under a second of
-# work at the ~1,200-1,500 images/s measured on two cores, so a request admitted is answered well
+# work on two cores (docs/results/serving-benchmark.md), so a request admitted is answered well
 # within a client's usual timeout, and one that would wait longer is told at once to retry.
 DEFAULT_MAX_QUEUED_IMAGES = 1024
 # TensorFlow dtype names -> Open Inference Protocol datatypes, for the v2 model metadata.
@@ -82,10 +82,10 @@ def load_version(base_path: Path, number: int) -> LoadedVersion:
 
 
 def freeze_long_lived_objects() -> None:
-    """Collects once, then keeps everything alive now (TensorFlow and the loaded model, about 440k
-    objects) out of later collections: a full collection over them holds the GIL for ~350 ms, which
-    stalled every request in flight a few times a minute under load. Loading a newer version pays
-    for one such collection, once."""
+    """Collects once, then keeps everything alive now (TensorFlow and the loaded model) out of later
+    collections: a full collection over them holds the GIL long enough to stall every request in
+    flight (docs/results/serving-benchmark.md). Loading a newer version pays for one such
+    collection, once."""
     gc.unfreeze()  # the previous version's cycles become collectable
     gc.collect()
     gc.freeze()

@@ -129,10 +129,10 @@ class LimitAndMeasure:
 
 class InferenceRoute:
     """KServe's v1 `:predict` and v2 `/infer` routes without FastAPI's routing and dependency
-    solving (~40% of the server's Python per request in an earlier profile): the same calls of
-    KServe's data plane as its V1Endpoints.predict and V2Endpoints.infer, and every error answered
-    by the application's own exception handlers (KServe's and ours), so statuses and bodies are
-    unchanged. A v2 body is parsed as FastAPI parses the route's `Union[InferenceRequest, bytes]`:
+    solving (a large share of the server's Python per request: docs/results/serving-benchmark.md):
+    the same calls of KServe's data plane as its V1Endpoints.predict and V2Endpoints.infer, and every
+    error answered by the application's own exception handlers (KServe's and ours), so statuses and
+    bodies are unchanged. A v2 body is parsed as FastAPI parses the route's `Union[InferenceRequest, bytes]`:
     JSON content types into an InferenceRequest, any other into bytes for the data plane (the binary
     tensor extension). Anything else (other paths and methods, model versions in the path, v2 bodies
     without a content type) goes on to the application. Sits inside LimitAndMeasure (body limit,
@@ -284,7 +284,8 @@ def without_kserve_timing(app: FastAPI) -> None:
     """Leaves KServe's TimingMiddleware out of `app` when Starlette builds its middleware stack.
 
     KServe installs it whatever `enable_latency_logging` says; its two getrusage calls per request
-    were 17% of the server's CPU under load, and dist_ml_request_seconds measures the same latency.
+    cost a share of the server's CPU under load (docs/results/serving-benchmark.md), and
+    dist_ml_request_seconds measures the same latency.
     KServe adds it inside ModelServer.start, so it is filtered out at the build, on the first call.
     """
     build = app.build_middleware_stack

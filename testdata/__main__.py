@@ -1,4 +1,6 @@
-"""`python -m testdata` (`make fixtures`): every pinned file verified, downloading what is missing.
+"""The tests' pinned files: every one verified, downloading what is missing.
+
+    python -m testdata            # `make fixtures`
 
 One line per file saying where it was found; exit status 1 with one line per problem otherwise.
 """

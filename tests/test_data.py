@@ -78,7 +78,8 @@ def test_zoom_scales_each_image_about_its_centre_within_the_fraction():
 
 
 def test_the_training_input_runs_without_autotuning_so_nothing_outlives_model_fit():
-    """tf.data's autotuning thread held the end of model.fit for up to a minute (README, Time)."""
+    """tf.data's autotuning thread held the end of model.fit for up to a minute
+    (docs/results/demo-time.md)."""
     options = data.training_dataset(distinct_images(10), global_batch_size=8).options()
     assert options.autotune.enabled is False
     assert options.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA

@@ -1,14 +1,13 @@
 """The stack config's models on their own: the stack files parse and round-trip, random input is either
 a stack config or one ConfigError naming a key, the JSON Schemas match the models and the stack files,
-the README documents every key, and the Pulumi values arrive through pulumi.Config with secrets kept
-secret and empty values refused."""
+the generated configuration reference covers every key, and the Pulumi values arrive through
+pulumi.Config with secrets kept secret and empty values refused."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import json
-import re
 from contextlib import redirect_stdout
 from typing import Any
 
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 from stack_checks import config_error_before_any_resource
 
 from pipeline import config as pipeline_config
-from pipeline.config import ConfigError, PipelineSettings, ServingConfig, key_path
+from pipeline.config import ConfigError, ConfigFile, PipelineSettings, ServingConfig, key_path, section_at
 from stacks import config as stack_config
 from stacks import program, render
 from stacks.config import (
@@ -33,6 +32,7 @@ from stacks.config import (
     stack_models,
     stack_settings,
 )
+from tools import docs_reference
 
 STACK_FILES = {"local": REPO_ROOT / "Pulumi.local.yaml", "gke": REPO_ROOT / "Pulumi.gke.yaml"}
 PROJECT_ID = "dist-ml-test-4821"
@@ -245,7 +245,7 @@ def test_any_valid_stack_round_trips_through_its_yaml_and_pulumi_forms(raw):
     assert parse_stack_config(from_pulumi_values(as_pulumi_values(dumped))) == config
 
 
-# --- JSON Schema and README ------------------------------------------------------------------------
+# --- JSON Schema and the configuration reference ------------------------------------------------
 
 def printed(main) -> dict:
     out = io.StringIO()
@@ -285,29 +285,34 @@ def test_the_pipeline_schema_checks_a_config_file():
         assert list(validator.iter_errors(bad)), bad
 
 
-def documented_keys() -> set[str]:
-    """The keys the README's configuration tables list (first column), as `section.key`."""
-    readme = (REPO_ROOT / "README.md").read_text()
+def model_keys(model, seen: set[str]) -> set[tuple[str, str]]:
+    """(model, key) for every key of `model` and of the sections below it, each model once; keys a
+    section refuses (NOT_HERE) are not its keys."""
+    if model.__name__ in seen:
+        return set()
+    seen.add(model.__name__)
     keys = set()
-    for heading in ("### Configuration\n", "### Stack configuration\n"):
-        table = readme.split(heading, 1)[1].split("\n##", 1)[0]
-        for row in re.findall(r"^\| (.+?) \|", table, re.MULTILINE):
-            keys |= set(re.findall(r"`([^`]+)`", row))
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key in model.NOT_HERE:
+            continue
+        keys.add((model.__name__, key))
+        section = section_at(model, [key])
+        if section is not None:
+            keys |= model_keys(section, seen)
     return keys
 
 
-def model_keys(model, prefix: str) -> set[str]:
-    return {f"{prefix}{field.alias}" for field in model.model_fields.values()}
-
-
-def test_the_readme_tables_list_every_key_and_nothing_else():
-    pipeline_keys = (model_keys(PipelineSettings, "pipeline.") | model_keys(ServingConfig, "serving."))
-    stack_keys = {"dist-ml:namespace", "gcp:project", "gcp:region", "pipeline.runOnUp"}
+def test_the_configuration_reference_covers_every_key_of_every_model():
+    """The reference is generated from the models (tests/test_docs.py keeps the committed page equal to
+    the generator's), so what is left to check is that the generator leaves no model's key out."""
+    seen: set[str] = set()
+    expected = model_keys(ConfigFile, seen)
     for model in stack_models().values():
-        for name in ("cluster", "platform", "storage", "monitoring"):
-            section = model.model_fields[name].annotation
-            stack_keys |= model_keys(section, f"{name}.")
-    assert documented_keys() == pipeline_keys | stack_keys
+        expected |= model_keys(model, seen)
+    _, documented = docs_reference.configuration_page()
+    assert documented == expected
+    assert ("StackPipeline", "runOnUp") in documented and ("GkeStack", "gcp:project") in documented
 
 
 # --- The Pulumi values: through pulumi.Config, secrets kept secret ---------------------------------

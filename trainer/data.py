@@ -12,14 +12,15 @@ SPLIT_SEED = 20_240_601  # fixed, so every worker and every rerun holds out the 
 SHUFFLE_SEED = 7  # the same on every worker, so that their DATA shards are disjoint
 SHIFT_PIXELS = 2
 # Each image's height and width scaled independently by up to this fraction either way (a garment
-# photographed a little closer or wider): +1 to +5 points of validation accuracy per variant with
-# label smoothing (README, Model quality). Zoomed out, the border is black, the images' background.
+# photographed a little closer or wider). Kept, with label smoothing, because it raised every
+# variant's validation accuracy (docs/results/model-quality.md). Zoomed out, the border is black, the
+# images' background.
 ZOOM_FRACTION = 0.1
-# Fixed input parallelism, tf.data's autotuning off: at random it held the end of model.fit (the
-# iterator's teardown) for 28-56 s, and with two trainings sharing 2 cores the epochs ran 15-20%
-# faster without it. Stalls still come from tf.distribute's own per-device pipelines, which these
-# options do not reach (README, Time). Two batches augmented at once and two ready keep a training
-# step fed: augmenting a batch costs about a millisecond.
+# Fixed input parallelism, tf.data's autotuning off: autotuning held the end of model.fit (the
+# iterator's teardown) at random, and slowed the epochs of trainings sharing the cores. Stalls still
+# come from tf.distribute's own per-device pipelines, which these options do not reach
+# (docs/results/demo-time.md). Two batches augmented at once and two ready keep a training step fed:
+# augmenting a batch is cheap next to a step.
 AUGMENT_PARALLELISM = 2
 PREFETCH_BATCHES = 2
 

@@ -41,8 +41,8 @@ MIN_EPOCHS = 10
 MIN_EXAMPLES_SEEN = 30_000
 TRAINING_SEED = 1
 # Targets of 0.9 for the true class and 0.01 for each other one, not 1 and 0: with 450 images the
-# model otherwise grows confident on what it memorised. With zoom (trainer.data), +1 to +5 points
-# of validation accuracy per variant (README, Model quality).
+# model otherwise grows confident on what it memorised. Kept, with zoom (trainer.data), because it
+# raised every variant's validation accuracy (docs/results/model-quality.md).
 LABEL_SMOOTHING = 0.1
 CHECKPOINT_OWNER_FILE = "model.txt"
 
@@ -125,7 +125,7 @@ class ProgressLogger(keras.callbacks.Callback):
 def distribution_strategy(cluster: ClusterSpec) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy for a cluster from TF_CONFIG, ParameterServerStrategy for one with
     parameter servers. A lone local worker takes the default strategy: there all-reduce has nothing
-    to do but costs about 10% of a step."""
+    to do but still costs time (docs/results/training-throughput.md)."""
     if cluster is LOCAL:
         return tf.distribute.get_strategy()
     if cluster.uses_parameter_servers:
@@ -172,8 +172,8 @@ def training_input(cluster: ClusterSpec, split: Split,
 def compiled_model(name: str, learning_rate: float, steps_per_execution: int = 1) -> keras.Model:
     """`steps_per_execution` > 1 runs that many steps per call from Python: it speeds up one
     process's small steps (benchmarks.variant_cv); the trainer keeps 1, as under
-    MultiWorkerMirroredStrategy it gained nothing measurable (20 epochs of `cnn` on 2 workers:
-    22-28 s either way), the per-step all-reduce dominating."""
+    MultiWorkerMirroredStrategy the per-step all-reduce dominates and it gained nothing measurable
+    (docs/results/training-throughput.md)."""
     model = models.build_model(name)
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),

@@ -84,9 +84,8 @@ def cnn_batchnorm(layers: ModuleType) -> list[Any]:
 @variant
 def cnn_vgg(layers: ModuleType) -> list[Any]:
     """Two 3x3 convolutions before the first pooling (as VGG stacks them), a third after it, each
-    batch-normalised; dropout before a wider dense layer. Alone it scores about as `cnn_batchnorm`
-    does; averaged with the others (trainer.select's ensemble) it adds the most (README, Model
-    quality)."""
+    batch-normalised; dropout before a wider dense layer. The slowest variant, which `make demo`
+    leaves out; how it scores: docs/results/model-quality.md."""
     return [
         layers.Conv2D(32, 3, padding="same"),
         layers.BatchNormalization(),
@@ -110,7 +109,8 @@ def cnn_gap(layers: ModuleType) -> list[Any]:
     """Five batch-normalised 3x3 convolutions (16 channels, then two of 32 and two of 64, pooled
     between), averaged over the image (global average pooling) instead of flattened into a dense
     layer: 71k weights against `cnn`'s 347k, and what a garment looks like anywhere in the frame
-    counts the same. The best variant on validation (README, Model quality)."""
+    counts the same. The best variant by cross-validation on the sample, so `make demo` trains it
+    beside `cnn` (docs/results/model-quality.md)."""
     def conv(filters: int) -> list[Any]:
         return [layers.Conv2D(filters, 3, padding="same"), layers.BatchNormalization(),
                 layers.Activation("relu")]
