@@ -103,10 +103,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         raise cli.UsageError(f"config: {error}") from None
     if args.command == "render":
-        try:  # settings that only the cluster refuses (a canary with TF Serving's runtime)
-            written = argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version))
-        except ConfigError as error:
-            raise cli.UsageError(f"config: {error}") from None
+        written = argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version))
         for path in written:
             print(f"render: wrote {path}")
         return

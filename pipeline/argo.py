@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 
 from common.cluster_names import MANIFEST_FLAG, ROLLOUT_MODULE, TFJOB_STEP_MODULE
 from common.yaml_text import to_yaml
-from pipeline.config import ConfigError, PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
     PipelineError,
@@ -71,8 +71,6 @@ DEPLOYED_VERSION_FILE = "/tmp/deployed-version"  # serve writes it, for the roll
 DECISION_FILE = "/tmp/rollout-decision.json"  # the rollout step writes it; Argo keeps it as an output
 ROLLOUT_TIMEOUT_SECONDS = 900  # one InferenceService's rollout
 TRAIN_DEADLINE_MARGIN_SECONDS = 300  # past a train step's own timeout: deleting its job
-TF_SERVING_CANARY = ("must be 0 with serving.runtime tensorflow: TF Serving serves no /metrics to judge a "
-                     "canary on")
 
 
 def retry_strategy(step: Step) -> dict:
@@ -142,18 +140,9 @@ def rollout_container(config: PipelineConfig, target: ClusterTarget, args: list[
             "resources": config.step_resources.as_manifest()}
 
 
-def require_judgeable_canary(config: PipelineConfig) -> None:
-    """A canary is judged on our server's /metrics; KServe's TF Serving (runtime tensorflow) serves none.
-    (The stack config refuses it before any resource; this covers `python -m pipeline render`.)"""
-    if config.rollout.canary_percent and config.serving.runtime == "tensorflow":
-        raise ConfigError(f"pipeline.rollout.canaryPercent: {TF_SERVING_CANARY}; "
-                          f"got {config.rollout.canary_percent}")
-
-
 def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     """Deploys the version select published, as the stable version or as the canary, waiting a
     bounded time for it to roll out; outputs that version for the rollout step."""
-    require_judgeable_canary(config)
     manifest = inference_service(config, target, f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}")
     return {
         "name": step.name,

@@ -25,8 +25,8 @@ from pipeline.manifests import (
     ClusterStorage,
     ClusterTarget,
 )
-from stacks.config import StackConfig
 from stacks.kinds import KINDS
+from stacks.settings import StackConfig
 
 
 def storage_users(config: StackConfig) -> tuple[str, ...]:

@@ -7,9 +7,10 @@ import dataclasses
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from pipeline.config import ConfigError
+from pipeline.validation import ConfigError
 from stacks.compose import define_stack
-from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
+from stacks.config import from_pulumi_values, parse_stack_config
+from stacks.settings import PROJECT
 
 # Config namespaces the program reads: its own, and the Google provider's project and region.
 NAMESPACES = (PROJECT, "gcp")

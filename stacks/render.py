@@ -21,9 +21,10 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 
 from common import cli
-from pipeline.config import ConfigError
+from pipeline.validation import ConfigError
 from stacks.compose import define_stack
-from stacks.config import PROJECT, from_pulumi_values, parse_stack_config
+from stacks.config import from_pulumi_values, parse_stack_config
+from stacks.settings import PROJECT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAKE_KUBECONFIG = "apiVersion: v1\nkind: Config\n# rendered under Pulumi mocks\n"

@@ -17,11 +17,13 @@ from stack_checks import embedded, objects_of, validate_all
 
 from infra.gateway import GatewayPlacement
 from infra.storage import PvcStorage, PvcStorageArgs
-from pipeline.config import ConfigError, Section
 from pipeline.manifests import Images
+from pipeline.validation import ConfigError, Section
 from stacks import kinds, render
-from stacks.config import StackSettings, StorageConfig, parse_stack_config
+from stacks.config import parse_stack_config
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+from stacks.kinds.k3d import StorageConfig
+from stacks.settings import StackSettings
 
 IDENTITY = {"identity.fake.example/account": "fake-storage-user"}
 IMAGES = Images(trainer="registry.fake.example/trainer:1.0", serving="registry.fake.example/serving:1.0")

@@ -15,6 +15,10 @@ functions is fine.)
 Besides the direct rule, what a module loads when it is imported (module-level imports, followed
 through the project's own modules) must not bring in a forbidden third-party package either: the
 pipeline must not load TensorFlow by way of a trainer module that does.
+
+Within `stacks` (ACYCLIC), the modules' import-time imports of one another form no circle, and no
+module imports another of the package inside a function: that is how a circle is hidden rather than
+broken (a lower module asking a higher one for something when called).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import ast
 import collections
 import dataclasses
 import fnmatch
+import graphlib
 from pathlib import Path
 
 from conftest import REPO_ROOT
@@ -43,6 +48,8 @@ CLI_PLUMBING = "common.cli"
 ENTRY_MODULE = "__main__"
 # Crossings still in the tree, each with the reason it is tolerated; empty when the rules hold.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
+# Packages whose modules import one another in one direction only, none of them inside a function.
+ACYCLIC = ("stacks",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Import:
     path: str  # relative to the root, for the message
     line: int
     at_import_time: bool  # runs when the importer is imported (not inside a function)
+    in_function: bool = False  # runs when a function of the importer is called
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -102,10 +110,10 @@ def imports_of(path: Path, importer: str, root: Path) -> list[Import]:
     is_package = path.name == "__init__.py"
     found: list[Import] = []
 
-    def visit(node: ast.AST, at_import_time: bool) -> None:
+    def visit(node: ast.AST, at_import_time: bool, in_function: bool = False) -> None:
         def add(target: str) -> None:
             found.append(Import(importer, target, str(path.relative_to(root)), node.lineno,
-                                at_import_time))
+                                at_import_time, in_function))
 
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -119,10 +127,10 @@ def imports_of(path: Path, importer: str, root: Path) -> list[Import]:
         elif isinstance(node, ast.Call) and (literal := _literal_import_module(node)):
             add(literal)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            at_import_time = False
+            at_import_time, in_function = False, True
         children_time = at_import_time and not (isinstance(node, ast.If) and _is_type_checking(node))
         for child in ast.iter_child_nodes(node):
-            visit(child, children_time)
+            visit(child, children_time, in_function)
 
     visit(ast.parse(path.read_text(), filename=str(path)), True)
     return found
@@ -209,6 +217,41 @@ def test_the_project_keeps_its_import_rules() -> None:
     assert not problems, "import rule crossings:\n" + "\n".join(problems)
 
 
+def imported_module(target: str, modules: set[str]) -> str | None:
+    """The project module an import names: `stacks.kinds.base.Cluster` -> `stacks.kinds.base`."""
+    parts = target.split(".")
+    return next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules),
+                None)
+
+
+def circles_and_dodges(root: Path, package: str) -> list[str]:
+    """The import circle among `package`'s modules, if any (module-level imports), and each import of
+    one of its modules by another inside a function; one line each."""
+    modules = {name: path for name, path in project_modules(root).items() if name.split(".")[0] == package}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    problems = []
+    for name, path in modules.items():
+        for found in imports_of(path, name, root):
+            target = imported_module(found.target, set(modules))
+            if target is None or target == name:
+                continue
+            if found.at_import_time:
+                graph[name].add(target)
+            elif found.in_function:
+                problems.append(f"{found.path}:{found.line}: {name} imports {target} inside a function "
+                                "(an import circle dodged): import it at module level, and break the circle")
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        problems.append(f"{package} imports in a circle: {' -> '.join(reversed(error.args[1]))}")
+    return sorted(set(problems))
+
+
+def test_stacks_modules_import_one_another_in_one_direction() -> None:
+    problems = [problem for package in ACYCLIC for problem in circles_and_dodges(REPO_ROOT, package)]
+    assert not problems, "\n".join(problems)
+
+
 def test_the_walk_sees_every_package_and_module() -> None:
     modules = project_modules(REPO_ROOT)
     assert {name.split(".")[0] for name in modules} >= set(FORBIDDEN)
@@ -287,6 +330,41 @@ def test_what_a_module_loads_through_another_counts(tmp_path: Path) -> None:
         "pipeline.local loads tensorflow when imported, through trainer.cluster "
         "(pipeline must not import tensorflow)",
     ]
+
+
+STACKS_TREE = {
+    "stacks/__init__.py": "",
+    "stacks/settings.py": "from pipeline import local\n",
+    "stacks/kinds/__init__.py": "from stacks.kinds.k3d import K3dKind\n",
+    "stacks/kinds/k3d.py": "from stacks.settings import StackSettings\n",
+    "stacks/config.py": "from stacks.kinds import KINDS\nfrom stacks.settings import StackConfig\n",
+}
+
+
+def test_stacks_in_one_direction_pass(tmp_path: Path) -> None:
+    write_tree(tmp_path, {**CLEAN_TREE, **STACKS_TREE})
+    assert circles_and_dodges(tmp_path, "stacks") == []
+
+
+def test_an_import_circle_in_stacks_is_named(tmp_path: Path) -> None:
+    write_tree(tmp_path, {**CLEAN_TREE, **STACKS_TREE,
+                          "stacks/kinds/k3d.py": "from stacks.config import StackSettings\n"})
+    (problem,) = circles_and_dodges(tmp_path, "stacks")
+    cycle = problem.removeprefix("stacks imports in a circle: ").split(" -> ")
+    assert cycle[0] == cycle[-1]
+    arrows = set(zip(cycle, cycle[1:]))  # importer -> imported
+    assert arrows == {("stacks.config", "stacks.kinds"), ("stacks.kinds", "stacks.kinds.k3d"),
+                      ("stacks.kinds.k3d", "stacks.config")}
+
+
+def test_a_circle_dodged_by_an_import_inside_a_function_is_named(tmp_path: Path) -> None:
+    write_tree(tmp_path, {**CLEAN_TREE, **STACKS_TREE, "stacks/settings.py": (
+        "import importlib\n\ndef kinds():\n    from stacks.kinds import KINDS\n    return KINDS\n\n"
+        "def config():\n    return importlib.import_module('stacks.config')\n")})
+    assert circles_and_dodges(tmp_path, "stacks") == [
+        f"stacks/settings.py:{line}: stacks.settings imports {module} inside a function (an import circle "
+        "dodged): import it at module level, and break the circle"
+        for line, module in ((4, "stacks.kinds"), (8, "stacks.config"))]
 
 
 def test_imports_under_type_checking_are_not_loaded_at_import_time(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ def test_values_from_the_stack_config_mean_the_same():
     config = parse_config({
         "pipeline": {"variants": ["cnn_batchnorm"], "workers": 3.0, "memoizeMaxAge": "1h30m",
                      "trainerResources": {"requests": {"cpu": "500m", "memory": "1Gi"},
-                                          "limits": {"cpu": 2, "memory": "3Gi"}}},
+                                          "limits": {"cpu": 2, "memory": "3Gi"}},
+                     "rollout": {"canaryPercent": 0}},
         "serving": {"runtime": "tensorflow", "runtimeVersion": "2.21.0", "minReplicas": 0,
                     "maxReplicas": 5.0, "scaleMetric": "memory", "scaleTarget": 4},
     })
@@ -66,6 +67,12 @@ BAD_CONFIGS = [
     ({"serving": {"runtime": "tensorflow", "runtimeVersion": "2.20.0"}},
      "serving.runtimeVersion: must be no older than the TensorFlow that writes the exports (2.21)"),
     ({"serving": {"minReplicas": 4, "maxReplicas": 2}}, "serving.maxReplicas: must be >= minReplicas"),
+    # Across the sections: the canary is judged on the server's /metrics, which TF Serving lacks.
+    ({"serving": {"runtime": "tensorflow"}},
+     "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: TF Serving serves no "
+     "/metrics to judge a canary on; got 10"),
+    ({"pipeline": {"rollout": {"canaryPercent": 1}}, "serving": {"runtime": "tensorflow"}},
+     "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow"),
     ({"serving": {"scaleMetric": "gpu"}}, "serving.scaleMetric"),
     ({"serving": {"maxBatchWaitMs": float("nan")}}, "serving.maxBatchWaitMs"),
     ({"serving": {"httpPort": 70000}}, "serving.httpPort"),
@@ -139,6 +146,17 @@ def test_a_malformed_config_file_is_named(tmp_path, text, message):
         load_config(path)
 
 
+def test_a_canary_tf_serving_cannot_be_judged_on_starts_nothing(tmp_path):
+    """`pipeline run` refuses it through the same model as `render` and the stacks."""
+    root, config_file = tmp_path / "root", tmp_path / "pipeline.yaml"
+    config_file.write_text(yaml.safe_dump({"serving": {"runtime": "tensorflow"}}))
+    result = run_module("pipeline", "run", "--config", config_file, "--storage-root", root)
+    assert result.returncode == 2
+    assert last_line(result.stderr).startswith(
+        "pipeline: error: config: pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow")
+    assert not root.exists()
+
+
 @pytest.mark.parametrize(("flags", "key"), [
     (["--workers", "0"], "pipeline.workers"),
     (["--variants", "cnn", "resnet"], "pipeline.variants"),
@@ -191,10 +209,12 @@ def valid_configs(draw) -> dict:
     serving = draw(st.fixed_dictionaries({}, optional=SERVING_VALUES))
     low = draw(st.integers(0, 5))
     serving.update(minReplicas=low, maxReplicas=draw(st.integers(max(1, low), 9)))
+    pipeline = draw(st.fixed_dictionaries({}, optional=PIPELINE_VALUES))
     if draw(st.booleans()):
         versions = st.sampled_from(["2.21.0", "2.22.1-gpu", "nightly"])
         serving.update(runtime="tensorflow", runtimeVersion=draw(versions))
-    return {"pipeline": draw(st.fixed_dictionaries({}, optional=PIPELINE_VALUES)), "serving": serving}
+        pipeline["rollout"] = {"canaryPercent": 0}  # TF Serving has no /metrics to judge a canary on
+    return {"pipeline": pipeline, "serving": serving}
 
 
 def file_form(config: PipelineConfig) -> dict:

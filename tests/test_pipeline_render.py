@@ -10,7 +10,7 @@ from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, embedded
 
 from common import cluster_names
 from pipeline import argo
-from pipeline.config import ConfigError, parse_config
+from pipeline.config import parse_config
 from pipeline.definition import ingest_memo_key
 from pipeline.manifests import TF_SERVING_VERSION, TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
 
@@ -201,14 +201,6 @@ def test_the_rollout_step_judges_the_version_serve_deployed_within_bounded_waits
         {"name": "decision", "valueFrom": {"path": flag["--decision-file"]}}]
     # Bounded: the wait for evidence plus a promotion's rollout fit within the step's deadline.
     assert 900 + float(flag["--timeout-seconds"]) < step["activeDeadlineSeconds"]
-
-
-def test_a_canary_with_tf_serving_is_a_config_error_naming_the_key():
-    """TF Serving serves no /metrics to judge a canary on: refused before anything is rendered."""
-    with pytest.raises(ConfigError) as error:
-        argo.render_objects(parse_config({"serving": {"runtime": "tensorflow"}}))
-    assert str(error.value) == ("pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: "
-                                "TF Serving serves no /metrics to judge a canary on; got 10")
 
 
 PS_CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "parameterServers": 2,

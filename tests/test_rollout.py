@@ -438,8 +438,9 @@ def test_a_pod_whose_metrics_cannot_be_read_is_left_out_of_that_look():
 
 
 def test_a_canary_that_serves_no_metrics_is_refused_before_anything_changes():
-    tf_serving = inference_service(parse_config({"serving": {"runtime": "tensorflow"}}),
-                                   ClusterTarget(storage=gcs_storage("bucket")), "3")
+    config = parse_config({"pipeline": {"rollout": {"canaryPercent": 0}},  # refused with a canary
+                           "serving": {"runtime": "tensorflow"}})
+    tf_serving = inference_service(config, ClusterTarget(storage=gcs_storage("bucket")), "3")
     cluster = FakeKServe({"fmnist": manifest("2")})
     with pytest.raises(rollout.RolloutError, match="serves no /metrics"):
         rollout.deploy(cluster, NAMESPACE, tf_serving, 10, 60)

@@ -21,17 +21,13 @@ from hypothesis import strategies as st
 from stack_checks import config_error_before_any_resource
 
 from pipeline import config as pipeline_config
-from pipeline.config import ConfigError, ConfigFile, PipelineSettings, ServingConfig, key_path, section_at
+from pipeline.config import ConfigFile, PipelineSettings, ServingConfig, parse_config
+from pipeline.validation import ConfigError, key_path, section_at
 from stacks import config as stack_config
 from stacks import program, render
-from stacks.config import (
-    GCP_PROJECT,
-    PLACEHOLDER_PROJECTS,
-    from_pulumi_values,
-    parse_stack_config,
-    stack_models,
-    stack_settings,
-)
+from stacks.config import from_pulumi_values, parse_stack_config, stack_models, stack_settings
+from stacks.kinds.gke import GCP_PROJECT, PLACEHOLDER_PROJECTS, GcpConfig, GkeConfig
+from stacks.kinds.k3d import K3dConfig
 from tools import docs_reference
 
 STACK_FILES = {"local": REPO_ROOT / "Pulumi.local.yaml", "gke": REPO_ROOT / "Pulumi.gke.yaml"}
@@ -69,9 +65,9 @@ def test_defaults_that_come_from_other_sections():
     gke = parse_stack_config(from_pulumi_values(file_values("gke")))
     assert gke.cluster.location == "us-central1" and gke.storage.bucket_name == f"{PROJECT_ID}-dist-ml"
     assert gke.monitoring.enabled and gke.cluster.training_pool == "spot"
-    assert gke.gcp == stack_config.GcpConfig(project=PROJECT_ID, region="us-central1")
+    assert gke.cloud == GcpConfig(project=PROJECT_ID, region="us-central1")
     local = parse_stack_config({"cluster": {"kind": "k3d"}})
-    assert not local.monitoring.enabled and local.gcp is None and local.storage.size == "10Gi"
+    assert not local.monitoring.enabled and local.cloud is None and local.storage.size == "10Gi"
     assert local.cluster.kubernetes_version == "1.33"
     # The stack's serving section is the pipeline's: the engines see the same type either way.
     assert type(local.pipeline.serving) is ServingConfig and local.pipeline.storage_root == "runs/pipeline"
@@ -124,7 +120,26 @@ def test_more_bad_stack_config_names_its_key(raw, message):
 def test_the_gcp_providers_own_keys_are_left_to_it_on_gke():
     raw = {"cluster": {"kind": "gke"}, "gcp:project": PROJECT_ID, "gcp:region": "us-central1",
            "gcp:zone": "us-central1-a"}
-    assert parse_stack_config(raw).gcp.region == "us-central1"
+    assert parse_stack_config(raw).cloud.region == "us-central1"
+
+
+@pytest.mark.parametrize("kind", ["k3d", "gke"])
+def test_the_stack_refuses_across_the_pipeline_sections_what_the_config_file_refuses(kind):
+    """The rules that span `pipeline` and `serving` are the pipeline's (PipelineSections), stated once:
+    a stack of any kind refuses what `python -m pipeline run` and `render` refuse, in the same words."""
+    sections = {"pipeline": {"rollout": {"canaryPercent": 25}}, "serving": {"runtime": "tensorflow"}}
+    with pytest.raises(ConfigError) as in_the_file:
+        parse_config(sections)
+    assert str(in_the_file.value) == (
+        "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: TF Serving serves no "
+        "/metrics to judge a canary on; got 25")
+    gcp = {"gcp:project": PROJECT_ID, "gcp:region": "us-central1"} if kind == "gke" else {}
+    with pytest.raises(ConfigError) as on_the_stack:
+        parse_stack_config({"cluster": {"kind": kind}, **gcp, **sections})
+    assert str(on_the_stack.value) == str(in_the_file.value)
+    sections["pipeline"]["rollout"]["canaryPercent"] = 0
+    assert parse_stack_config({"cluster": {"kind": kind}, **gcp, **sections}).pipeline.serving.runtime == (
+        "tensorflow")
 
 
 @pytest.mark.parametrize("value", ["", "  ", "null", "{}", "[]"])
@@ -139,7 +154,7 @@ def test_an_explicitly_empty_value_is_an_error_naming_its_key(value):
 
 PIPELINE_KEYS = [field.alias for field in PipelineSettings.model_fields.values()] + ["runOnUp"]
 SERVING_KEYS = [field.alias for field in ServingConfig.model_fields.values()]
-CLUSTER_KEYS = sorted({field.alias or name for model in (stack_config.K3dConfig, stack_config.GkeConfig)
+CLUSTER_KEYS = sorted({field.alias or name for model in (K3dConfig, GkeConfig)
                        for name, field in model.model_fields.items()})
 TOP_KEYS = ["namespace", "cluster", "platform", "storage", "monitoring", "pipeline", "serving",
             "gcp:project", "gcp:region", "gcp:zone"]
@@ -166,6 +181,11 @@ def sections(names: list[str]) -> st.SearchStrategy[dict]:
         lambda chosen: st.fixed_dictionaries({name: section(name) for name in chosen}))
 
 
+# Keys an error may name though the mapping lacks them: required ones, and the key a rule across the
+# sections names (serving.runtime tensorflow refuses the default canaryPercent).
+ALWAYS_NAMED = {"cluster", "gcp:project", "gcp:region", "pipeline.rollout.canaryPercent"}
+
+
 def assert_names_a_key(error: ConfigError, raw: Any, also: set[str]) -> None:
     path = str(error).partition(": ")[0]
     names = {*map(str, raw), *map(repr, raw), *also, "config"}
@@ -179,7 +199,7 @@ def test_any_stack_mapping_parses_or_names_a_key(raw):
     try:
         parse_stack_config(raw)
     except ConfigError as error:
-        assert_names_a_key(error, raw, {"cluster", "gcp:project", "gcp:region"})
+        assert_names_a_key(error, raw, ALWAYS_NAMED)
 
 
 @FUZZ
@@ -189,7 +209,7 @@ def test_any_pulumi_config_map_parses_or_names_a_key(raw):
     try:
         parse_stack_config(from_pulumi_values(pulumi_values))
     except ConfigError as error:
-        assert_names_a_key(error, raw, {"cluster", "gcp:project", "gcp:region"})
+        assert_names_a_key(error, raw, ALWAYS_NAMED)
 
 
 @FUZZ

@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 
 from infra.gateway import GatewayPlacement
 from pipeline.manifests import ClusterStorage, Images
-from stacks.config import StackConfig, StackSettings
+from stacks.settings import StackConfig, StackSettings
 
 
 @dataclasses.dataclass(frozen=True)

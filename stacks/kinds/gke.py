@@ -1,10 +1,16 @@
 """GKE: node pools (training on its own pool), images in Artifact Registry by digest, and a GCS
-bucket mounted with GCS FUSE, reached through Workload Identity."""
+bucket mounted with GCS FUSE, reached through Workload Identity. Its stack config is GkeStack: the
+`cluster` section (GkeConfig, with its node pools), the `storage` section (GcsConfig, the bucket) and
+the Google provider's `gcp:project` and `gcp:region`."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Annotated, Any, ClassVar, Literal, Mapping, get_args
+
 import pulumi
 import pulumi_kubernetes as k8s
+from pydantic import Field, model_validator
 
 from common.cluster_names import GATEWAY_NAME
 from infra.gateway import GatewayPlacement
@@ -20,8 +26,206 @@ from infra.gke import (
     toleration,
 )
 from infra.registry import RegistryImages, RegistryImagesArgs
-from stacks.config import GkeConfig, GkeStack, NodePoolConfig
+from pipeline.validation import Section, Text, WholeNumber, fail, matching
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+from stacks.settings import PROJECT, Flag, MonitoringConfig, StackSettings
+
+# Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
+GCP_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
+# Well-formed ids that only ever appear in examples: caught now rather than by the first API call.
+PLACEHOLDER_PROJECTS = ("my-gcp-project", "my-project", "my-project-id", "your-project", "your-project-id",
+                        "project-id", "gcp-project", "example-project")
+PROJECT_RULE = "your GCP project id (6-30 of a-z, 0-9 and -, a letter first)"
+SET_PROJECT = "pulumi config set --stack gke gcp:project ..."
+GcpProject = matching(GCP_PROJECT, PROJECT_RULE)
+GcpRegion = matching(r"^[a-z]+-[a-z]+[0-9]+$", "a GCP region like us-central1")  # northamerica-northeast1
+GcpLocation = matching(r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$",
+                       "a region like us-central1 or a zone like us-central1-a")
+# At most 24 characters: the nodes' service account is `<name>-nodes`, and account ids stop at 30.
+GkeClusterName = matching(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$",
+                          "a GKE cluster name: 1-24 of a-z, 0-9 and -, a letter first")
+GcsBucket = matching(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$", "a bucket name (3-63 of a-z, 0-9, - and _)")
+KubernetesVersion = matching(r"^1\.[0-9]+$", "a version like 1.33")
+ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE"]
+RELEASE_CHANNELS = get_args(ReleaseChannel)
+TrainingPool = Literal["cpu", "spot", "gpu"]
+TRAINING_POOLS = get_args(TrainingPool)  # from the plainest to the most specialised
+
+
+# --- The stack config -------------------------------------------------------------------------------
+
+MachineType = Annotated[Text, Field(description="Compute Engine machine type of the pool's nodes")]
+MinNodes = Annotated[WholeNumber, Field(
+    ge=0, description="fewest nodes, in total across the location's zones")]
+MaxNodes = Annotated[WholeNumber, Field(ge=1, description="most nodes, in total (>= minNodes)")]
+AcceleratorType = Annotated[Text, Field(description="GPU type of each node (gpu pool only)")]
+AcceleratorCount = Annotated[WholeNumber, Field(ge=0, description="GPUs per node (gpu pool only)")]
+GPU_ONLY = {key: "accelerators belong in nodePools.gpu" for key in ("acceleratorType", "acceleratorCount")}
+
+
+class NodePoolConfig(Section):
+    """A GKE node pool; as declared here, the cpu pool: always there, untainted, never scaled to zero
+    (system pods and the platform run only there)."""
+    NOT_HERE: ClassVar[dict[str, str]] = {"enabled": "the CPU pool always exists", **GPU_ONLY}
+    OPTIONAL: ClassVar[bool] = False
+    ACCELERATED: ClassVar[bool] = False
+    machine_type: MachineType = "e2-standard-4"
+    min_nodes: MinNodes = 1
+    max_nodes: MaxNodes = 5
+    accelerator_type: AcceleratorType | None = None
+    accelerator_count: AcceleratorCount = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_of_a_disabled_pool(cls, raw: Any) -> Any:
+        if cls.OPTIONAL and isinstance(raw, Mapping) and raw.get("enabled", False) is False and (
+                set(raw) - {"enabled"}):
+            raise fail("is false, so the pool's other settings do nothing; set enabled: true or remove them",
+                       "enabled")
+        return raw
+
+    def _shown(self, data: dict) -> dict:
+        if self.OPTIONAL and not getattr(self, "enabled", True):
+            return {key: value for key, value in data.items() if key == "enabled"}
+        return super()._shown(data)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> NodePoolConfig:
+        if not self.OPTIONAL and self.min_nodes < 1:
+            raise fail("must be >= 1: system pods and the platform run only on the cpu pool (the spot and "
+                       "gpu pools are tainted for training), so it cannot scale to zero; "
+                       f"got {self.min_nodes}",
+                       "minNodes")
+        if self.max_nodes < self.min_nodes:
+            raise fail(f"must be >= minNodes ({self.min_nodes}), got {self.max_nodes}", "maxNodes")
+        if self.ACCELERATED and self.accelerator_count < 1:
+            raise fail("must be >= 1 for a GPU pool", "acceleratorCount")
+        return self
+
+
+class SpotPool(NodePoolConfig):
+    """Spot VMs: cheaper, preemptible capacity, tainted for training only."""
+    NOT_HERE: ClassVar[dict[str, str]] = GPU_ONLY
+    OPTIONAL: ClassVar[bool] = True
+    enabled: Flag = Field(False, description="declare this pool")
+    machine_type: MachineType = "e2-standard-8"
+    min_nodes: MinNodes = 0
+    max_nodes: MaxNodes = 3
+
+
+class GpuPool(SpotPool):
+    """Nodes with GPUs, tainted (GKE's nvidia.com/gpu) for training only."""
+    NOT_HERE: ClassVar[dict[str, str]] = {}
+    ACCELERATED: ClassVar[bool] = True
+    machine_type: MachineType = "n1-standard-4"
+    accelerator_type: AcceleratorType | None = "nvidia-tesla-t4"
+    accelerator_count: AcceleratorCount = 1
+
+
+class NodePools(Section):
+    cpu: NodePoolConfig = Field(
+        NodePoolConfig(), description="always present: system pods, platform, serving")
+    spot: SpotPool = Field(SpotPool(), description="optional spot pool for training")
+    gpu: GpuPool = Field(GpuPool(), description="optional GPU pool for training")
+
+
+class GkeConfig(Section):
+    """The `cluster` section of a GKE cluster."""
+    kind: Literal["gke"] = Field(description="the stack's cluster")
+    name: GkeClusterName = Field("dist-ml", description="GKE cluster name")
+    location: GcpLocation | None = Field(
+        None, description="a region (regional cluster) or zone; default gcp:region")
+    release_channel: ReleaseChannel = Field("REGULAR", description="GKE release channel")
+    deletion_protection: Flag = Field(
+        True, description="`pulumi destroy` refuses to delete the cluster while true")
+    kubernetes_version: KubernetesVersion = Field(
+        "1.33", description="what the rendered objects are validated against")
+    node_pools: NodePools = Field(
+        NodePools(), description="the cpu pool, and the optional spot and gpu pools")
+    requested_training_pool: TrainingPool | None = Field(
+        None, alias="trainingPool",
+        description="where TFJob pods run, an enabled pool; default: gpu if enabled, else spot if enabled, "
+                    "else cpu")
+
+    @property
+    def cpu_pool(self) -> NodePoolConfig:
+        return self.node_pools.cpu
+
+    @property
+    def spot_pool(self) -> SpotPool | None:  # preemptible capacity for training
+        return self.node_pools.spot if self.node_pools.spot.enabled else None
+
+    @property
+    def gpu_pool(self) -> GpuPool | None:
+        return self.node_pools.gpu if self.node_pools.gpu.enabled else None
+
+    def pool(self, name: str) -> NodePoolConfig | None:
+        return {"cpu": self.cpu_pool, "spot": self.spot_pool, "gpu": self.gpu_pool}[name]
+
+    @property
+    def training_pool(self) -> str:
+        """The pool of TFJob pods: the one named, else the most specialised capacity the stack pays for."""
+        return self.requested_training_pool or next(
+            name for name in reversed(TRAINING_POOLS) if self.pool(name) is not None)
+
+    @model_validator(mode="after")
+    def _training_pool_exists(self) -> GkeConfig:
+        name = self.requested_training_pool
+        if name is not None and self.pool(name) is None:
+            raise fail(f"{name} needs cluster.nodePools.{name}.enabled: true; enable that pool or choose one "
+                       "that exists", "trainingPool")
+        return self
+
+
+class GcsConfig(Section):
+    """The `storage` section of a GKE cluster: its bucket."""
+    bucket_name: GcsBucket | None = Field(None, description="the bucket; default <gcp:project>-dist-ml")
+    checkpoint_retention_days: WholeNumber = Field(
+        30, ge=1, description="objects under checkpoints/ (and old versions) are deleted after this")
+
+
+@dataclasses.dataclass(frozen=True)
+class GcpConfig:
+    """The Google provider's `gcp:project` and `gcp:region`: a gke stack's StackConfig.cloud."""
+    project: str
+    region: str
+
+
+class GkeMonitoring(MonitoringConfig):
+    enabled: Flag = Field(True, description="install monitoring (default: false on k3d, true on gke)")
+
+
+class GkeStack(StackSettings):
+    """A stack on a GKE cluster."""
+    PROVIDER: ClassVar[str] = "gcp"
+    gcp_project: GcpProject | None = Field(None, alias="gcp:project", description=f"required: {PROJECT_RULE}")
+    gcp_region: GcpRegion | None = Field(
+        None, alias="gcp:region", description="required: the region of everything")
+    cluster: GkeConfig = Field(description="the GKE cluster")
+    storage: GcsConfig = Field(GcsConfig(), description="the bucket every pipeline pod mounts")
+    monitoring: GkeMonitoring = Field(GkeMonitoring(), description="Prometheus, Grafana and the dashboard")
+
+    def kind_sections(self) -> tuple[GkeConfig, GcsConfig, GcpConfig]:
+        """cluster.location and storage.bucketName default from gcp:region and gcp:project."""
+        gcp = GcpConfig(project=self.gcp_project, region=self.gcp_region)
+        cluster, storage = self.cluster, self.storage
+        if cluster.location is None:
+            cluster = cluster.model_copy(update={"location": gcp.region})
+        if storage.bucket_name is None:
+            storage = storage.model_copy(update={"bucket_name": f"{gcp.project}-{PROJECT}"})
+        return cluster, storage, gcp
+
+    @model_validator(mode="after")
+    def _project_and_region(self) -> GkeStack:
+        for key, value in (("gcp:project", self.gcp_project), ("gcp:region", self.gcp_region)):
+            if value is None:
+                raise fail(f"is required on the gke stack (pulumi config set {key} ...)", key)
+        if self.gcp_project in PLACEHOLDER_PROJECTS:
+            raise fail(f"must be {PROJECT_RULE}, got {self.gcp_project!r}; {SET_PROJECT}", "gcp:project")
+        return self
+
+
+# --- The kind ---------------------------------------------------------------------------------------
 
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 
@@ -45,7 +249,7 @@ class GkeKind(ClusterKind):
     settings = GkeStack
 
     def cluster(self) -> Cluster:
-        config, gcp = self.config.cluster, self.config.gcp
+        config, gcp = self.config.cluster, self.config.cloud
         self._pools = node_pools(config)
         # First of all: on a fresh project, every other Google resource fails until its API is on.
         self._apis = GcpApis("apis", GcpApisArgs(project=gcp.project))
@@ -62,7 +266,7 @@ class GkeKind(ClusterKind):
         return ImageSource(images=self._registry.images)
 
     def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
-        gcp, config = self.config.gcp, self.config.storage
+        gcp, config = self.config.cloud, self.config.storage
         storage = GcsStorage("storage", GcsStorageArgs(
             project=gcp.project, location=gcp.region, bucket_name=config.bucket_name,
             checkpoint_retention_days=config.checkpoint_retention_days, namespace=self.config.namespace,

@@ -1,10 +1,14 @@
 """k3d: k3s in Docker on this machine, images built here and imported, a local-path PVC, and k3s's
-packaged Traefik as the Gateway."""
+packaged Traefik as the Gateway. Its stack config is K3dStack: the `cluster` section (K3dConfig) and
+the `storage` section (StorageConfig, a PVC)."""
 
 from __future__ import annotations
 
+from typing import Annotated, Literal, get_args
+
 import pulumi
 import pulumi_kubernetes as k8s
+from pydantic import Field, model_validator
 
 from infra.gateway import GatewayPlacement
 from infra.images import LocalImages, LocalImagesArgs
@@ -18,8 +22,65 @@ from infra.k3d import (
     traefik_gateway_provider,
 )
 from infra.storage import PvcStorage, PvcStorageArgs
-from stacks.config import K3dStack
+from pipeline.validation import DnsLabel, Quantity, Section, Text, WholeNumber, fail, matching
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage
+from stacks.settings import StackSettings
+
+K3S_IMAGE = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
+Port = Annotated[WholeNumber, Field(ge=1, le=65535)]
+K3sImage = matching(K3S_IMAGE, "a rancher/k3s image like rancher/k3s:v1.33.4-k3s1")
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany"]
+ACCESS_MODES = get_args(AccessMode)
+
+
+# --- The stack config -------------------------------------------------------------------------------
+
+class PortMapping(Section):
+    host: Port = Field(description="port on this machine")
+    container: Port = Field(description="port of k3d's load balancer (k3s's Traefik ingress: 80)")
+
+
+class K3dConfig(Section):
+    """The `cluster` section of a k3d cluster on this machine."""
+    kind: Literal["k3d"] = Field(description="the stack's cluster")
+    name: DnsLabel = Field("dist-ml", description="k3d cluster name (kubectl context k3d-<name>)")
+    # One server, no agents: local-path volumes are ReadWriteOnce on one node, and every
+    # pipeline pod shares the one storage volume, so all of them must run on that node.
+    servers: WholeNumber = Field(1, ge=1, description="k3s servers")
+    agents: WholeNumber = Field(0, ge=0, description="k3s agents; > 0 needs storage.accessMode ReadWriteMany")
+    k3s_image: K3sImage = Field(
+        "rancher/k3s:v1.33.4-k3s1", alias="k3sImage", description="k3s image; sets the Kubernetes version")
+    ports: tuple[PortMapping, ...] = Field((PortMapping(host=8088, container=80),),
+                                           description="host port -> k3d load balancer port")
+
+    @property
+    def kubernetes_version(self) -> str:
+        major, minor = self.k3s_image.removeprefix("rancher/k3s:v").split(".")[:2]
+        return f"{major}.{minor}"
+
+
+class StorageConfig(Section):
+    """The `storage` section of a k3d cluster: its PVC."""
+    size: Quantity = Field("10Gi", description="the PVC holding data, checkpoints, exports and models")
+    access_mode: AccessMode = Field("ReadWriteOnce", description="ReadWriteOnce or ReadWriteMany")
+    storage_class: Text = Field("local-path", description="storage class (k3s's local-path provisioner)")
+
+
+class K3dStack(StackSettings):
+    """A stack on a k3d cluster."""
+    cluster: K3dConfig = Field(description="the k3d cluster")
+    storage: StorageConfig = Field(StorageConfig(), description="the PVC every pipeline pod mounts")
+
+    @model_validator(mode="after")
+    def _one_node_or_shared_storage(self) -> K3dStack:
+        if self.cluster.agents > 0 and self.storage.access_mode != "ReadWriteMany":
+            raise fail("pods on several nodes share the storage volume, which needs storage.accessMode "
+                       "ReadWriteMany and a storage.storageClass that provides it (k3s's local-path is "
+                       "ReadWriteOnce); keep agents 0 otherwise", "cluster.agents")
+        return self
+
+
+# --- The kind ---------------------------------------------------------------------------------------
 
 FORWARDED_PORT = 8080  # where a port-forward to Traefik listens when no cluster.ports maps to it
 

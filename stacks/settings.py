@@ -1,0 +1,107 @@
+"""What every stack's config has, whatever its cluster kind: the shared sections, StackSettings (which
+each kind's stack model extends with its `cluster` and `storage` sections, in its module under
+stacks/kinds/), and StackConfig, what the program reads once the config is parsed (stacks/config.py).
+
+The `pipeline` and `serving` sections are the pipeline's own (pipeline/config.py), so a value means
+what it means to `python -m pipeline run`, and what must hold across the two is checked by the same
+model (PipelineSections).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any, ClassVar, Mapping
+
+from pydantic import Field, Strict, model_validator
+
+from pipeline.argo import SUPPORTED_ARGO_VERSION
+from pipeline.config import PipelineConfig, PipelineSections, PipelineSettings, ServingConfig
+from pipeline.manifests import DEFAULT_ARGO_VERSION
+from pipeline.validation import DnsLabel, Section, matching
+
+PROJECT = "dist-ml"
+
+Flag = Annotated[bool, Strict()]
+ReleaseTag = matching(r"^v[0-9]+\.[0-9]+\.[0-9]+$", "a release tag like v1.2.3")
+ArgoRelease = matching(SUPPORTED_ARGO_VERSION.pattern, "an Argo Workflows release v3.x.y or v4.x.y")
+ChartVersion = matching(r"^[0-9]+\.[0-9]+\.[0-9]+$", "a chart version like 80.4.1")
+
+
+# --- Sections every stack has -----------------------------------------------------------------------
+
+class PlatformConfig(Section):
+    """The `platform` section: what runs the pipeline and serving on the cluster."""
+    training_operator_version: ReleaseTag = Field(
+        "v1.9.4", description="Kubeflow training operator v1 (TFJob)")
+    argo_version: ArgoRelease = Field(DEFAULT_ARGO_VERSION, description="Argo Workflows release")
+    cert_manager_version: ReleaseTag = Field(
+        "v1.17.0", description="cert-manager (what KServe v0.20 documents)")
+    kserve_version: ReleaseTag = Field("v0.20.0", description="KServe charts (Standard mode)")
+
+
+class MonitoringConfig(Section):
+    """The `monitoring` section: kube-prometheus-stack, the monitors and the dist-ml dashboard."""
+    enabled: Flag = Field(False, description="install monitoring (default: false on k3d, true on gke)")
+    kube_prometheus_stack_version: ChartVersion = Field("80.4.1", description="kube-prometheus-stack chart")
+
+
+LOCAL_ENGINE_ONLY = "applies only to the local engine (`python -m pipeline run`), not to a cluster stack"
+
+
+class StackPipeline(PipelineSettings):
+    """The `pipeline` section on a stack."""
+    NOT_HERE: ClassVar[dict[str, str]] = {"storageRoot": LOCAL_ENGINE_ONLY}
+    run_on_up: Flag = Field(False, description="also submit one Workflow run on `pulumi up`")
+
+
+class StackServing(ServingConfig):
+    """The `serving` section on a stack."""
+    NOT_HERE: ClassVar[dict[str, str]] = {"httpPort": LOCAL_ENGINE_ONLY}
+
+
+# --- The base of every kind's stack model -----------------------------------------------------------
+
+class StackSettings(PipelineSections):
+    """The settings every stack has; a subclass per cluster kind adds its cluster and storage."""
+    PROVIDER: ClassVar[str] = ""  # the cloud provider's config namespace, whose other keys are its own
+    namespace: DnsLabel = Field(
+        "dist-ml", description="where the pipeline, its storage and the model server live")
+    platform: PlatformConfig = Field(PlatformConfig(), description="the platform's versions")
+    monitoring: MonitoringConfig = Field(
+        MonitoringConfig(), description="Prometheus, Grafana and the dashboard")
+    pipeline: StackPipeline = Field(
+        StackPipeline(), description="as in the pipeline's config file, + runOnUp")
+    serving: StackServing = Field(StackServing(), description="as in the pipeline's config file")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _providers_own_keys(cls, raw: Any) -> Any:
+        """The provider reads its other keys (gcp:zone, ...) itself; they are not ours to check."""
+        if not isinstance(raw, Mapping) or not cls.PROVIDER:
+            return raw
+        ours = {field.alias for field in cls.model_fields.values()}
+        return {key: value for key, value in raw.items()
+                if key in ours or not str(key).startswith(f"{cls.PROVIDER}:")}
+
+    def kind_sections(self) -> tuple[Any, Any, Any]:
+        """The cluster and storage sections as the stack reads them, and the cloud's settings, if any."""
+        return self.cluster, self.storage, None
+
+
+@dataclasses.dataclass(frozen=True)
+class StackConfig:
+    """What the stack program reads: the validated sections, with the defaults that come from other
+    sections filled in (StackSettings.kind_sections: on gke, cluster.location and storage.bucketName
+    from gcp:)."""
+    namespace: str
+    cluster: Any  # the kind's `cluster` section (K3dConfig, GkeConfig, ...), whose `kind` names the kind
+    platform: PlatformConfig
+    storage: Any  # the kind's `storage` section (StorageConfig, GcsConfig, ...)
+    monitoring: MonitoringConfig
+    pipeline: PipelineConfig
+    run_on_up: bool
+    cloud: Any = None  # the cloud provider's settings, for a kind that has them (GcpConfig on gke)
+
+    @property
+    def cluster_kind(self) -> str:
+        return self.cluster.kind
