@@ -1,5 +1,5 @@
 """The Gateway users reach the model through: the pipeline's rollout attaches its HTTPRoute to it and
-splits requests between the stable and the canary predictor (serving.rollout).
+splits requests between the stable and the canary predictor (cluster_steps.release).
 
 The Gateway API's CRDs and controller come with the cluster: k3s's packaged Traefik (its traefik-crd
 chart installs the standard Gateway API CRDs; its Kubernetes Gateway provider is off until a
@@ -17,7 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_command import local
 
-from common.cluster_names import GATEWAY_NAME, ROUTE_GROUP
+from cluster_steps.names import GATEWAY_NAME, ROUTE_GROUP
 from pipeline.manifests import PART_OF
 
 GATEWAY_API_VERSION = f"{ROUTE_GROUP}/v1"

@@ -22,7 +22,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # What each image's Dockerfile copies in.
 IMAGE_INPUTS = {
     "trainer": ("trainer/Dockerfile", "requirements/trainer.txt", "common", "trainer"),
-    "serving": ("serving/Dockerfile", "requirements/serving.txt", "common", "trainer", "serving"),
+    "serving": ("serving/Dockerfile", "requirements/serving.txt", "common", "trainer", "serving",
+                "cluster_steps"),
 }
 IMAGE_REPOSITORY = "dist-ml/{image}"
 

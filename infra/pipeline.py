@@ -10,7 +10,7 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.cluster_names import API_CALLS, TFJOB_STEP_CALLS
+from cluster_steps.names import API_CALLS, TFJOB_STEP_CALLS
 from infra.accounts import bound_role, service_account
 from infra.awaits import SKIP_AWAIT
 from pipeline import argo

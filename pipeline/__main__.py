@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Sequence
 
 from common import cli
-from pipeline import argo, local_rollout
+from pipeline import argo, local_canary
 from pipeline.config import ConfigError, load_config
 from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
-from pipeline.local_rollout import Forced, RolloutError
+from pipeline.local_canary import Forced, RolloutError
 from pipeline.manifests import DEFAULT_ARGO_VERSION, ClusterTarget
 from serving.client import ServerError
 from serving.process import ServerFailed
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.command in ("promote", "rollback"):
         try:
-            print(local_rollout.by_hand(local_rollout.model_base(config), args.command == "promote",
+            print(local_canary.by_hand(local_canary.model_base(config), args.command == "promote",
                                         getattr(args, "to_version", None)))
         except (RolloutError, RolloutStateError) as error:
             raise cli.UsageError(f"{args.command}: {error}") from None

@@ -3,13 +3,13 @@ ConfigMap that holds ingest's memo.
 
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
 
-Each training step creates its TFJob and watches its conditions (`serving.tfjob_step`): it fails
+Each training step creates its TFJob and watches its conditions (`cluster_steps.train`): it fails
 with the job's reason, retries a failed job from its backup, and is bounded by
 pipeline.trainTimeout. Select publishes the next version and outputs its number;
-serve deploys that version (`serving.rollout deploy`): the first one, or any with
+serve deploys that version (`cluster_steps.release deploy`): the first one, or any with
 pipeline.rollout.canaryPercent 0, as the stable InferenceService, a later one as the canary beside it
 with that share of the route's requests, and succeeds only once every replica serves it. The rollout
-step (`serving.rollout decide`) waits for the canary's evidence (minRequests or maxWait), decides,
+step (`cluster_steps.release decide`) waits for the canary's evidence (minRequests or maxWait), decides,
 and promotes or rolls back; its decision is the step's output `decision`. `render_objects` is what the
 Pulumi programs declare; the workflow, not Pulumi, owns the InferenceServices and the route, because
 only a run knows which version each serves and what share the canary has.
@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Callable, Mapping
 
-from common.cluster_names import MANIFEST_FLAG, ROLLOUT_MODULE, TFJOB_STEP_MODULE
+from cluster_steps.names import MANIFEST_FLAG, RELEASE_MODULE, TRAIN_STEP_MODULE
 from common.yaml_text import to_yaml
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
@@ -108,7 +108,7 @@ def select_template(config: PipelineConfig, step: Step, target: ClusterTarget) -
 
 
 def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
-    """Creates the step's TFJob and watches it to its end (serving.tfjob_step says why not a resource
+    """Creates the step's TFJob and watches it to its end (cluster_steps.train says why not a resource
     template). The job belongs to the workflow: deleting the workflow deletes it and its pods."""
     manifest = tfjob(config, step, target)
     manifest["metadata"]["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "Workflow",
@@ -121,7 +121,7 @@ def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
         "retryStrategy": retry_strategy(step),
         "activeDeadlineSeconds": timeout + TRAIN_DEADLINE_MARGIN_SECONDS,  # a backstop past the step's own
         "container": {"name": MAIN_CONTAINER, "image": target.images.serving,
-                      "imagePullPolicy": "IfNotPresent", "command": ["python", "-m", TFJOB_STEP_MODULE],
+                      "imagePullPolicy": "IfNotPresent", "command": ["python", "-m", TRAIN_STEP_MODULE],
                       "args": ["--namespace", "{{workflow.namespace}}", "--timeout-seconds", str(timeout),
                                MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)],
                       "resources": config.step_resources.as_manifest()},
@@ -136,7 +136,7 @@ def tfjob_manifest(template: dict) -> dict:
 
 def rollout_container(config: PipelineConfig, target: ClusterTarget, args: list[str]) -> dict:
     return {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
-            "command": ["python", "-m", ROLLOUT_MODULE], "args": args,
+            "command": ["python", "-m", RELEASE_MODULE], "args": args,
             "resources": config.step_resources.as_manifest()}
 
 

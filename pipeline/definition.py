@@ -164,7 +164,7 @@ def serve_args(config: PipelineConfig, model_repo: str) -> list[str]:
 
 
 def rollout_flags(config: PipelineConfig) -> list[str]:
-    """The canary's decision policy (`pipeline.rollout`) as flags of `serving.rollout decide`."""
+    """The canary's decision policy (`pipeline.rollout`) as flags of `cluster_steps.release decide`."""
     rollout = config.rollout
     return ["--min-requests", str(rollout.min_requests),
             "--max-wait-seconds", str(rollout.max_wait_seconds),
@@ -216,7 +216,7 @@ def serve_step(config: PipelineConfig, layout: Layout) -> Step:
 
 def rollout_step(config: PipelineConfig, layout: Layout) -> Step:
     """After serve: the canary's evidence decides; the served versions (rollout state) change."""
-    return Step(name=ROLLOUT, kind=StepKind.ROLLOUT, image=SERVING_IMAGE, module="serving.rollout",
+    return Step(name=ROLLOUT, kind=StepKind.ROLLOUT, image=SERVING_IMAGE, module="cluster_steps.release",
                 args=("decide", *rollout_flags(config)), inputs=(layout.models,), outputs=(layout.models,),
                 depends=(SERVE,), resources=config.step_resources, retries=config.retries)
 

@@ -15,7 +15,7 @@
 
 How each kind of step runs is its handler in HANDLERS: what its memo key is, what its committed
 outputs hold, that it is the one step served after the others, or that it runs against the served
-step (the canary's rollout, pipeline.local_rollout); a kind without one is an error naming the step
+step (the canary's rollout, pipeline.local_canary); a kind without one is an error naming the step
 before anything starts.
 """
 
@@ -36,7 +36,7 @@ from typing import Callable, NoReturn, Sequence
 
 from PIL import Image
 
-from pipeline import local_rollout
+from pipeline import local_canary
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     Layout,
@@ -147,7 +147,7 @@ class LocalRun:
     """One run of the pipeline's steps up to select; `serve` is separate because it may not end."""
 
     def __init__(self, config: PipelineConfig, print_line: Printer = print,
-                 forced_rollout: local_rollout.Forced | None = None):
+                 forced_rollout: local_canary.Forced | None = None):
         self.config = config
         self.root = Path(config.storage_root)
         self.layout = Layout(str(self.root))
@@ -377,12 +377,12 @@ class AgainstServer:
 
 def canary_rollout(run: LocalRun, step: Step, url: str) -> str:
     """Tests the canary the server started with, if any, and promotes it or rolls it back."""
-    outcome = local_rollout.run_canary(run.config, url, Path(run.layout.data), run.forced_rollout)
+    outcome = local_canary.run_canary(run.config, url, Path(run.layout.data), run.forced_rollout)
     if outcome is None:
         return "no canary"
     decision, _ = outcome
     run.rollout = decision.as_record()
-    return local_rollout.summary(*outcome)
+    return local_canary.summary(*outcome)
 
 
 # Step kind -> how the local engine runs it.
@@ -453,7 +453,7 @@ def format_table(outcomes: dict[str, Outcome], selection: dict, steps: Sequence[
 
 
 def run_pipeline(config: PipelineConfig, serve_forever: bool = False, print_line: Printer = print,
-                 forced_rollout: local_rollout.Forced | None = None) -> RunResult:
+                 forced_rollout: local_canary.Forced | None = None) -> RunResult:
     """Runs every step; serves the published model (as a canary beside the version served before)
     for one example prediction and the canary's decision, then until Ctrl-C if asked."""
     run = LocalRun(config, print_line, forced_rollout)
@@ -466,8 +466,8 @@ def run_pipeline(config: PipelineConfig, serve_forever: bool = False, print_line
         print_line(f"not promoted: {selection['promotion']['reason']}; serving {config.model_name} "
                    f"version {version_dir.name} ({version_dir})")
 
-    base = local_rollout.model_base(config)
-    state = local_rollout.starting_state(base, run.published_now(selection), config.rollout.canary_percent)
+    base = local_canary.model_base(config)
+    state = local_canary.starting_state(base, run.published_now(selection), config.rollout.canary_percent)
     model_repository.write_rollout(base, state)
     if state.canary is not None:
         print_line(f"canary: version {state.canary} takes {state.canary_percent}% of requests, "

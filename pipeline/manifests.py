@@ -1,5 +1,5 @@
 """The Kubernetes objects the pipeline's steps become: TFJobs and the InferenceService (the HTTPRoute
-that splits requests between the stable and the canary InferenceService is serving.rollout's).
+that splits requests between the stable and the canary InferenceService is cluster_steps.release's).
 
 Plain dicts built from the step definitions, for the Argo templates and for the Pulumi programs, which
 differ only in the images and the storage they pass in.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 
-from common.cluster_names import MODEL_VERSION_ANNOTATION, PREDICTOR_CONTAINER
+from cluster_steps.names import MODEL_VERSION_ANNOTATION, PREDICTOR_CONTAINER
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,

@@ -10,7 +10,7 @@ import posixpath
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.cluster_names import route_name
+from cluster_steps.names import route_name
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.monitoring import Monitoring, MonitoringArgs

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 
-from common.cluster_names import MANIFEST_FLAG as ROLLOUT_MANIFEST_FLAG
+from cluster_steps.names import MANIFEST_FLAG as ROLLOUT_MANIFEST_FLAG
 
 PRIVILEGED_ROLES = ("cluster-admin",)
 

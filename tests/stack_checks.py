@@ -11,7 +11,7 @@ import pulumi
 import pytest
 import yaml
 
-from common import cluster_names
+from cluster_steps import names as cluster_names
 from pipeline import argo
 from stacks import program, render
 

@@ -14,14 +14,14 @@ import yaml
 from conftest import REPO_ROOT
 from stack_checks import PUBLISHED_VERSION, embedded, objects_of
 
-from common import cluster_names
+from cluster_steps import names as cluster_names
+from cluster_steps import release as rollout
 from infra import gke as gke_infra
 from infra import k3d
 from infra.pipeline import WORKFLOW_POD_RULES
 from pipeline import argo
 from pipeline.definition import Layout
 from pipeline.manifests import IMAGE_USER
-from serving import rollout
 from stacks import render
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
@@ -104,9 +104,9 @@ def workflow_pod_needs(template: dict) -> set[tuple]:
             if step["resource"].get("successCondition") or step["resource"].get("failureCondition"):
                 verbs.add("get")
             needs |= {(group, plural(manifest["kind"]), verb) for verb in verbs}
-        elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.ROLLOUT_MODULE]:
+        elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.RELEASE_MODULE]:
             needs |= set(cluster_names.API_CALLS)
-        elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.TFJOB_STEP_MODULE]:
+        elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.TRAIN_STEP_MODULE]:
             needs |= set(cluster_names.TFJOB_STEP_CALLS)
     return needs
 
@@ -206,7 +206,7 @@ def test_the_workflow_owns_the_inference_service_and_rolls_out_the_version_selec
 
 
 def test_the_route_the_rollout_creates_attaches_to_the_stacks_gateway_and_reaches_kserves_services(stack):
-    """The workflow's HTTPRoute (serving.rollout) names the Gateway the stack declares, in the same
+    """The workflow's HTTPRoute (cluster_steps.release) names the Gateway the stack declares, in the same
     namespace, which admits routes of that namespace; its backends are the Services KServe creates for
     the InferenceServices the serve step deploys (Standard mode: <isvc>-predictor, port 80)."""
     template = template_of(stack)

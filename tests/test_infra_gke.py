@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
-from common import cluster_names
+from cluster_steps import names as cluster_names
 from infra.gcp_apis import GCP_APIS
 from pipeline.definition import train_step_name
 from stacks import policies, render

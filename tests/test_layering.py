@@ -1,11 +1,12 @@
 """The import rules between the project's packages, checked on every module's source with `ast`.
 
-Floors, lowest first: `common` (neutral helpers, imports no project package); `trainer` and `serving`
-(the two images: neither the pipeline nor Pulumi); `pipeline` (the step graph and its engines: no
-TensorFlow, no Pulumi, no infrastructure); `infra` (Pulumi components: no TensorFlow, never
-`stacks`); `stacks` (composes infra, may import anything below). Every import statement counts,
-including those inside functions, `try` blocks and `if TYPE_CHECKING:`, and so do
-`importlib.import_module("...")` calls with a literal name.
+Floors, lowest first: `common` (neutral helpers, imports no project package); `trainer` and
+`serving` (the two images: neither the pipeline nor Pulumi); `cluster_steps` (the workflow's steps
+against the Kubernetes API, in the serving image: no TensorFlow, and `serving` does not import
+them); `pipeline` (the step graph and its engines: no TensorFlow, no Pulumi, no infrastructure);
+`infra` (Pulumi components: no TensorFlow, never `stacks`); `stacks` (composes infra, may import
+anything below). Every import statement counts, including those inside functions, `try` blocks and
+`if TYPE_CHECKING:`, and so do `importlib.import_module("...")` calls with a literal name.
 
 A CLI module is a package's `__main__` or a module named `cli`: the shared CLI plumbing lives in
 `common.cli`, so any other one belongs to one program and no module imports it. (Modules such as
@@ -32,7 +33,8 @@ from pathlib import Path
 
 from conftest import REPO_ROOT
 
-PROJECT_PACKAGES = ("common", "trainer", "serving", "pipeline", "infra", "stacks", "testdata",
+PROJECT_PACKAGES = ("common", "trainer", "serving", "cluster_steps", "pipeline", "infra", "stacks",
+                    "testdata",
                     "benchmarks")
 TENSORFLOW = ("tensorflow", "tf_keras")
 PULUMI = "pulumi*"  # pulumi, pulumi_kubernetes, pulumi_gcp, pulumi_command, pulumi_policy, ...
@@ -40,7 +42,8 @@ PULUMI = "pulumi*"  # pulumi, pulumi_kubernetes, pulumi_gcp, pulumi_command, pul
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "common": tuple(package for package in PROJECT_PACKAGES if package != "common"),
     "trainer": ("pipeline", "infra", "stacks", "benchmarks", PULUMI),
-    "serving": ("pipeline", "infra", "stacks", "benchmarks", PULUMI),
+    "serving": ("pipeline", "infra", "stacks", "benchmarks", "cluster_steps", PULUMI),
+    "cluster_steps": ("pipeline", "infra", "stacks", "benchmarks", *TENSORFLOW, PULUMI),
     "pipeline": ("infra", "stacks", "benchmarks", *TENSORFLOW, PULUMI),
     "infra": ("stacks", "benchmarks", *TENSORFLOW),
 }

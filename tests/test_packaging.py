@@ -23,7 +23,7 @@ from pipeline.manifests import TF_SERVING_VERSION
 from tools import lock
 from trainer.serving_contract import EXPORTER_TENSORFLOW
 
-INSTALLED_PACKAGES = {"common", "trainer", "serving", "pipeline", "infra", "stacks"}
+INSTALLED_PACKAGES = {"cluster_steps", "common", "trainer", "serving", "pipeline", "infra", "stacks"}
 TRAINING_STACK = {"tf-keras", "tensorboard", "tensorflow-datasets", "matplotlib"}
 DEV_ONLY = {"pytest", "ruff", "hypothesis", "kubernetes-validate"}  # (kserve needs aiohttp, tfds psutil)
 # Distributions an image must hold and must leave out, by PEP 503 name ("pulumi*" matches every
@@ -39,7 +39,7 @@ MUST_LEAVE_OUT = {
 # The modules each image runs, and so everything they import must be in its lock. serving.loadtest
 # is the load generator: it runs from the dev venv against a server (aiohttp, matplotlib).
 DEV_TOOLS = {"serving.loadtest"}
-IMAGE_PACKAGES = {"trainer": ("trainer",), "serving": ("serving",)}
+IMAGE_PACKAGES = {"trainer": ("trainer",), "serving": ("serving", "cluster_steps")}
 
 
 def lock_of(image: str) -> dict[str, str]:
@@ -144,11 +144,16 @@ def test_each_image_lock_is_closed_under_dependencies(image: str) -> None:
     assert not unsatisfied
 
 
-def modules_run_by(image: str) -> set[str]:
-    """The image's modules and every project module they import (anywhere in them), transitively."""
+def modules_under(*prefixes: str) -> list[str]:
+    """The project modules named by `prefixes` or inside them."""
+    return [name for name in project_modules(REPO_ROOT)
+            if any(name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)]
+
+
+def reached_from(starts: list[str]) -> set[str]:
+    """The modules `starts` and every project module they import (anywhere in them), transitively."""
     modules = project_modules(REPO_ROOT)
-    pending = [name for name in modules
-               if name.split(".")[0] in IMAGE_PACKAGES[image] and name not in DEV_TOOLS]
+    pending = list(starts)
     reached: set[str] = set()
     while pending:
         name = pending.pop()
@@ -159,6 +164,13 @@ def modules_run_by(image: str) -> set[str]:
             parts = found.target.split(".")
             pending.extend(".".join(parts[:n]) for n in range(1, len(parts) + 1))
     return reached
+
+
+def modules_run_by(image: str) -> set[str]:
+    """The image's modules and every project module they import (anywhere in them), transitively."""
+    starts = [name for name in project_modules(REPO_ROOT)
+              if name.split(".")[0] in IMAGE_PACKAGES[image] and name not in DEV_TOOLS]
+    return reached_from(starts)
 
 
 def third_party_imports(modules: set[str]) -> dict[str, str]:
@@ -278,7 +290,7 @@ def test_the_server_loads_and_runs_an_export_without_the_training_stack(tmp_path
         import sys
         from pathlib import Path
         import tensorflow as tf
-        import serving.logger, serving.rollout, serving.server
+        import serving.logger, cluster_steps.release, serving.server
         from serving.model import load_version
         version = load_version(Path({str(base)!r}), 1)
         outputs = version.serve_pixels(pixels=tf.zeros([2, 28, 28, 1]))
@@ -297,23 +309,6 @@ def test_tf_serving_is_no_older_than_the_tensorflow_that_writes_the_exports() ->
     pinned = tuple(int(part) for part in str(tensorflow.specifier).lstrip("=").split(".")[:2])
     assert EXPORTER_TENSORFLOW == pinned, "trainer.serving_contract.EXPORTER_TENSORFLOW follows the pin"
     assert release(TF_SERVING_VERSION) >= EXPORTER_TENSORFLOW
-
-
-def reached_from(starts: tuple[str, ...]) -> set[str]:
-    """The project modules named by `starts` or under them, and every project module they import
-    (anywhere in them), transitively."""
-    modules = project_modules(REPO_ROOT)
-    pending = [name for name in modules if any(name == s or name.startswith(f"{s}.") for s in starts)]
-    reached: set[str] = set()
-    while pending:
-        name = pending.pop()
-        if name in reached or name not in modules:
-            continue
-        reached.add(name)
-        for found in imports_of(modules[name], name, REPO_ROOT):
-            parts = found.target.split(".")
-            pending.extend(".".join(parts[:n]) for n in range(1, len(parts) + 1))
-    return reached
 
 
 def distribution_closure(requirements: list[str]) -> set[str]:
@@ -351,6 +346,6 @@ def test_what_each_program_imports_is_in_the_environment_it_runs_in(starts, requ
     the program (anywhere in its modules) belongs to a distribution its environment installs."""
     installed = distribution_closure(requirements())
     providers = importlib.metadata.packages_distributions()
-    missing = {top: where for top, where in third_party_imports(reached_from(starts)).items()
+    missing = {top: where for top, where in third_party_imports(reached_from(modules_under(*starts))).items()
                if not any(lock.normalize(dist) in installed for dist in providers.get(top, ()))}
     assert not missing, f"imported but not installed where it runs: {missing}"

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from common import cluster_names
+from cluster_steps import names as cluster_names
 from pipeline import argo, definition, local
 from pipeline.config import PipelineConfig, parse_config
 from pipeline.definition import PipelineError, Step, StepKind, build_steps, in_dependency_order
@@ -72,7 +72,7 @@ def test_argo_renders_by_kind_and_wires_parameters_whatever_the_steps_are_called
     template = argo.workflow_template(CONFIG)
     templates = {t["name"]: t for t in template["spec"]["templates"]}
     assert templates["pick"]["outputs"]["parameters"][0]["name"] == argo.VERSION_PARAMETER
-    assert templates["roll-out"]["container"]["command"] == ["python", "-m", cluster_names.ROLLOUT_MODULE]
+    assert templates["roll-out"]["container"]["command"] == ["python", "-m", cluster_names.RELEASE_MODULE]
     assert argo.tfjob_manifest(templates["train-cnn"])["kind"] == "TFJob"
     (task,) = [t for t in templates["pipeline"]["dag"]["tasks"] if t["name"] == "roll-out"]
     assert task["arguments"]["parameters"] == [

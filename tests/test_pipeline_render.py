@@ -8,7 +8,7 @@ import yaml
 from conftest import run_module
 from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, embedded
 
-from common import cluster_names
+from cluster_steps import names as cluster_names
 from pipeline import argo
 from pipeline.config import parse_config
 from pipeline.definition import ingest_memo_key
@@ -63,7 +63,7 @@ def test_tfjobs_follow_the_config():
     config = parse_config(CONFIG)
     template = argo.workflow_template(config)
     train = templates(template)["train-cnn-batchnorm"]
-    assert train["container"]["command"] == ["python", "-m", cluster_names.TFJOB_STEP_MODULE]
+    assert train["container"]["command"] == ["python", "-m", cluster_names.TRAIN_STEP_MODULE]
     assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure"}
     timeout = train["container"]["args"][train["container"]["args"].index("--timeout-seconds") + 1]
     assert int(timeout) == config.train_timeout_seconds < train["activeDeadlineSeconds"]
@@ -117,7 +117,7 @@ def test_serve_rolls_out_the_version_select_published_and_autoscales_from_config
     assert task["arguments"]["parameters"] == [
         {"name": "version", "value": "{{tasks.select.outputs.parameters.version}}"}]
     assert serve["inputs"]["parameters"] == [{"name": "version"}]
-    assert serve["container"]["command"] == ["python", "-m", "serving.rollout"]
+    assert serve["container"]["command"] == ["python", "-m", "cluster_steps.release"]
     args = serve["container"]["args"]
     assert args[0] == "deploy"
     assert args[args.index("--canary-percent") + 1] == str(config.rollout.canary_percent)
@@ -192,7 +192,7 @@ def test_the_rollout_step_judges_the_version_serve_deployed_within_bounded_waits
     flag = {name: args[args.index(name) + 1] for name in (
         "--min-requests", "--max-wait-seconds", "--max-error-rate-increase", "--max-latency-ratio",
         "--version", "--decision-file", "--timeout-seconds")}
-    assert args[0] == "decide" and step["container"]["command"] == ["python", "-m", "serving.rollout"]
+    assert args[0] == "decide" and step["container"]["command"] == ["python", "-m", "cluster_steps.release"]
     assert (flag["--min-requests"], flag["--max-wait-seconds"], flag["--max-error-rate-increase"],
             float(flag["--max-latency-ratio"])) == ("500", "900", "0.02", 2.0)
     assert flag["--version"] == "{{inputs.parameters.version}}"

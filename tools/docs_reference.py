@@ -415,8 +415,8 @@ GUIDES = {
     "serving.client": ("Server API: clients", "server-api.md#clients"),
     "serving.loadtest": ("Server API: clients", "server-api.md#clients"),
     "serving.logger": ("Serving: request log", "../concepts/serving.md#request-log"),
-    "serving.rollout": ("Canary rollout: on the cluster", "../guides/canary-rollout.md#on-the-cluster"),
-    "serving.tfjob_step": ("The pipeline: render it for Argo", "../guides/pipeline.md#render-it-for-argo"),
+    "cluster_steps.release": ("Canary rollout: on the cluster", "../guides/canary-rollout.md#on-the-cluster"),
+    "cluster_steps.train": ("The pipeline: render it for Argo", "../guides/pipeline.md#render-it-for-argo"),
     "infra.preflight": ("Deploy on k3d: preflight", "../guides/deploy-k3d.md#preflight"),
     "stacks.config": ("Deploy on k3d: configure the stack", "../guides/deploy-k3d.md#configure-the-stack"),
     "stacks.render": ("Deploy on k3d: preview offline", "../guides/deploy-k3d.md#preview-offline"),
@@ -495,7 +495,7 @@ def string_constants(tree: ast.Module) -> set[str]:
 
 
 def imported_project_modules(tree: ast.Module) -> Iterable[Path]:
-    """The files of the project's modules that `tree` imports (`from common.cluster_names import X`)."""
+    """The files of the project's modules that `tree` imports (`from cluster_steps.names import X`)."""
     for node in ast.walk(tree):
         names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
                  else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])

@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import Field, model_validator
 
-from common.cluster_names import GATEWAY_NAME
+from cluster_steps.names import GATEWAY_NAME
 from infra.gateway import GatewayPlacement
 from infra.gcp_apis import GcpApis, GcpApisArgs
 from infra.gcs import GcsStorage, GcsStorageArgs

@@ -1,4 +1,4 @@
-"""The names the stacks, the Argo workflow and the cluster steps (serving.rollout) share: the APIs they
+"""The names the stacks, the Argo workflow and the cluster steps (cluster_steps.release) share: the APIs they
 call, the objects' names and the flags between them. Standard library only, so that the Pulumi
 program and the policy pack, each in its own environment, use them without the serving image's
 packages.
@@ -17,8 +17,8 @@ ROUTE_SUFFIX = "-split"
 GATEWAY_NAME = "dist-ml"  # the Gateway the stacks declare in the system's namespace
 PREDICTOR_SERVICE_PORT = 80  # KServe's port on the predictor's Service (constants.CommonDefaultHttpPort)
 PREDICTOR_CONTAINER = "kserve-container"
-ROLLOUT_MODULE = "serving.rollout"  # the serve and rollout steps' program, in the serving image
-TFJOB_STEP_MODULE = "serving.tfjob_step"  # the train steps' program, in the same image
+RELEASE_MODULE = "cluster_steps.release"  # the serve and rollout steps' program, in the serving image
+TRAIN_STEP_MODULE = "cluster_steps.train"  # the train steps' program, in the same image
 MANIFEST_FLAG = "--manifest"  # the object a cluster step applies, as JSON (the serve step's)
 # Every API call a rollout makes, as (API group, resource, verb): what its service account needs.
 API_CALLS = (
@@ -30,7 +30,7 @@ API_CALLS = (
     ("", "pods", "list"),
     ("", "pods/proxy", "get"),  # each predictor pod's /metrics
 )
-# Every API call a train step makes (serving.tfjob_step): its job, and the job's pods' states.
+# Every API call a train step makes (cluster_steps.train): its job, and the job's pods' states.
 TFJOB_STEP_CALLS = (
     (TFJOB_GROUP, TFJOB_PLURAL, "get"), (TFJOB_GROUP, TFJOB_PLURAL, "create"),
     (TFJOB_GROUP, TFJOB_PLURAL, "delete"),

@@ -1,4 +1,4 @@
-"""The cluster's rollout (serving.rollout): a version's InferenceService rolls out only when every
+"""The cluster's rollout (cluster_steps.release): a version's InferenceService rolls out only when every
 predictor replica runs it, fails with the reason when a pod cannot start, and gives up at its
 timeout; the serve step deploys a new version as the canary behind a weighted HTTPRoute, and the
 rollout step judges it on the predictors' metrics and promotes or rolls it back. Fake API servers
@@ -17,11 +17,13 @@ import pytest
 from conftest import REPO_ROOT, run_module
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from common import cluster_names
+from cluster_steps import kubernetes
+from cluster_steps import names as cluster_names
+from cluster_steps import release as rollout
 from pipeline import argo
 from pipeline.config import parse_config
 from pipeline.manifests import SERVING_HTTP_PORT, ClusterTarget, gcs_storage, inference_service
-from serving import metrics, rollout
+from serving import metrics
 from serving.canary import Evidence
 
 NAMESPACE = "dist-ml"
@@ -206,7 +208,7 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
     with mock.patch("kubernetes.config.load_incluster_config"), \
             mock.patch.multiple("kubernetes.client", **{name: lambda *a, api=api: api
                                                         for name, api in apis.items()}):
-        cluster = rollout.KubernetesCluster()
+        cluster = kubernetes.ReleaseApi()
         route = rollout.http_route("fmnist", 10)
         cluster.get_inference_service(NAMESPACE, "fmnist")
         cluster.create_inference_service(NAMESPACE, manifest())
@@ -302,15 +304,15 @@ class FakeKServe:
         self._meddle(name)
         assert "resourceVersion" not in manifest["metadata"]  # the API server refuses one on create
         if name in store:
-            raise rollout.Conflict(f'{kind} {NAMESPACE}/{name}: {kind.lower()}s "{name}" already exists')
+            raise kubernetes.Conflict(f'{kind} {NAMESPACE}/{name}: {kind.lower()}s "{name}" already exists')
         store[name] = self._stamped(manifest, name)
 
     def _replace(self, store: dict, kind: str, name: str, manifest: dict) -> None:
         self._meddle(name)
         if name not in store:
-            raise rollout.NotFound(f"{kind} {NAMESPACE}/{name} does not exist")
+            raise kubernetes.NotFound(f"{kind} {NAMESPACE}/{name} does not exist")
         if manifest["metadata"]["resourceVersion"] != store[name]["metadata"]["resourceVersion"]:
-            raise rollout.Conflict(f"{kind} {NAMESPACE}/{name}: the object has been modified")
+            raise kubernetes.Conflict(f"{kind} {NAMESPACE}/{name}: the object has been modified")
         store[name] = self._stamped(manifest, name)
 
     def get_inference_service(self, namespace, name):
@@ -327,7 +329,7 @@ class FakeKServe:
     def delete_inference_service(self, namespace, name):
         self._meddle(name)
         if self.isvcs.pop(name, None) is None:
-            raise rollout.NotFound(f"InferenceService {NAMESPACE}/{name} does not exist")
+            raise kubernetes.NotFound(f"InferenceService {NAMESPACE}/{name} does not exist")
         self.log.append(f"delete isvc {name}")
 
     def get_http_route(self, namespace, name):
@@ -605,7 +607,7 @@ def test_a_write_that_conflicts_every_time_fails_after_a_bounded_number_of_attem
         cluster.touch("fmnist")
 
     cluster.before_writes_to("fmnist", itertools.repeat(touch))
-    with mock.patch.object(rollout, "KubernetesCluster", lambda: cluster), pytest.raises(SystemExit) as exit_:
+    with mock.patch.object(rollout, "ReleaseApi", lambda: cluster), pytest.raises(SystemExit) as exit_:
         rollout.main(["promote", "--namespace", NAMESPACE, "--model-name", "fmnist"])
     assert str(exit_.value) == ("rollout: promote: InferenceService dist-ml/fmnist: not written in 5 "
                                 "attempts: another writer changed it between each read and write")
@@ -649,7 +651,7 @@ def test_a_canary_deleted_while_it_is_judged_is_not_judged_and_loses_its_share(t
 
 def test_analyse_of_a_canary_deleted_while_it_is_judged_fails_and_changes_nothing(tmp_path):
     cluster = canary_under_way([(0, 0, 0.0)], [(40, 0, 0.8)])
-    with pytest.raises(rollout.RolloutError, match="fmnist-canary was deleted while it was judged$"):
+    with pytest.raises(kubernetes.NotFound, match="fmnist-canary was deleted while it was judged$"):
         run(cluster, "analyse", *decide_args(tmp_path)[1:], meanwhile=lambda: cluster.remove("fmnist-canary"))
     assert cluster.log == []
 
@@ -731,15 +733,15 @@ def test_the_serve_and_rollout_steps_arguments_are_ones_the_cli_accepts():
     (["promote", "--namespace", "ns"], "the following arguments are required: --model-name"),
 ])
 def test_bad_arguments_are_one_line(args, message):
-    result = run_module("serving.rollout", *args)
+    result = run_module("cluster_steps.release", *args)
     assert result.returncode == 2
-    assert result.stderr.startswith(f"serving.rollout {args[0]}: error: {message}"), result.stderr
+    assert result.stderr.startswith(f"cluster_steps.release {args[0]}: error: {message}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_the_rollout_module_needs_no_tensorflow():
     """It runs in the serve and rollout steps' pods; importing it must not pull in the training stack."""
-    probe = [sys.executable, "-c", "import sys, serving.rollout; print('tensorflow' in sys.modules)"]
+    probe = [sys.executable, "-c", "import sys, cluster_steps.release; print('tensorflow' in sys.modules)"]
     result = subprocess.run(probe, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -752,7 +754,7 @@ def test_the_pod_proxy_skips_a_pod_going_away_but_not_a_refusal(status, raises):
                         client.ApiException(status=status)})
     with mock.patch("kubernetes.config.load_incluster_config"), \
             mock.patch("kubernetes.client.CoreV1Api", lambda *a: core):
-        cluster = rollout.KubernetesCluster()
+        cluster = kubernetes.ReleaseApi()
         if raises:  # a missing right is the operator's to fix: the step fails and says so
             with pytest.raises(client.ApiException):
                 cluster.pod_metrics(NAMESPACE, "fmnist-predictor-a", 8080)
@@ -776,7 +778,7 @@ def test_the_cluster_reports_conflicts_and_missing_objects_in_the_modules_own_te
                            for verb in ("get", "create", "replace", "delete")})
     with mock.patch("kubernetes.config.load_incluster_config"), \
             mock.patch("kubernetes.client.CustomObjectsApi", lambda *a: objects):
-        cluster = rollout.KubernetesCluster()
+        cluster = kubernetes.ReleaseApi()
         route = rollout.http_route("fmnist", 0)
         writes = [lambda: cluster.create_inference_service(NAMESPACE, manifest()),
                   lambda: cluster.replace_inference_service(NAMESPACE, "fmnist", manifest()),
@@ -795,4 +797,4 @@ def test_the_cluster_reports_conflicts_and_missing_objects_in_the_modules_own_te
 
 
 def test_the_workflow_runs_this_module_by_the_name_the_shared_names_give() -> None:
-    assert cluster_names.ROLLOUT_MODULE == rollout.__name__
+    assert cluster_names.RELEASE_MODULE == rollout.__name__

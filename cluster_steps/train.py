@@ -1,6 +1,6 @@
 """The training step on a cluster: create a TFJob and watch it to its end.
 
-    python -m serving.tfjob_step --namespace NS --manifest JSON --timeout-seconds 21600
+    python -m cluster_steps.train --namespace NS --manifest JSON --timeout-seconds 21600
 
 Argo's resource template cannot do this: its conditions cannot select an entry of
 `status.conditions` by type (argoproj/argo-workflows#2288, #7143), and the training operator
@@ -18,19 +18,18 @@ preempted node trains again from the variant's last backup (BackupAndRestore).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from typing import Any, Callable, Protocol, Sequence
 
+from cluster_steps.kubernetes import ClusterStepError, Timing, TrainApi, pod_failure
+from cluster_steps.names import MANIFEST_FLAG
 from common import cli
-from common.cluster_names import MANIFEST_FLAG, TFJOB_GROUP, TFJOB_PLURAL, TFJOB_VERSION
-from serving.rollout import KubernetesApi, NotFound, RolloutError, Timing, pod_failure
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # the operator labels a job's pods with it
 DEFAULT_TIMEOUT_SECONDS = 6 * 3600.0
 
 
-class TrainingFailed(RuntimeError):
+class TrainingFailed(ClusterStepError):
     """The TFJob failed, or cannot finish by itself; the message says why."""
 
 
@@ -140,25 +139,6 @@ def run(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: float
         raise
 
 
-class KubernetesCluster(KubernetesApi):
-    """The Cluster of a train step."""
-
-    def get_tfjob(self, namespace: str, name: str) -> dict | None:
-        return self._or_none(f"TFJob {namespace}/{name}", lambda: self._objects.get_namespaced_custom_object(
-            TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name))
-
-    def create_tfjob(self, namespace: str, manifest: dict) -> None:
-        self._call(f"TFJob {namespace}/{manifest['metadata']['name']}",
-                   lambda: self._objects.create_namespaced_custom_object(
-                       TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, manifest))
-
-    def delete_tfjob(self, namespace: str, name: str) -> None:
-        """Deletes the job and, before it is gone, its pods (foreground); one already gone is fine."""
-        with contextlib.suppress(NotFound):
-            self._call(f"TFJob {namespace}/{name}", lambda: self._objects.delete_namespaced_custom_object(
-                TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name, propagation_policy="Foreground"))
-
-
 def tfjob_arg(text: str) -> dict[str, Any]:
     try:
         manifest = json.loads(text)
@@ -171,7 +151,7 @@ def tfjob_arg(text: str) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = cli.OneLineParser(prog="serving.tfjob_step", description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineParser(prog="cluster_steps.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--namespace", required=True)
     parser.add_argument(MANIFEST_FLAG, type=tfjob_arg, required=True, help="the TFJob, as JSON")
     parser.add_argument("--timeout-seconds", type=cli.positive_float, default=DEFAULT_TIMEOUT_SECONDS,
@@ -182,10 +162,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        print(f"tfjob: {run(KubernetesCluster(), args.namespace, args.manifest, args.timeout_seconds)}")
-    except (TrainingFailed, RolloutError) as error:  # RolloutError: an API call the step could not make
+        print(f"tfjob: {run(TrainApi(), args.namespace, args.manifest, args.timeout_seconds)}")
+    except ClusterStepError as error:  # the job failed, or an API call the step could not make
         raise SystemExit(f"tfjob: {error}") from None
 
 
 if __name__ == "__main__":
-    cli.run("serving.tfjob_step", main)
+    cli.run("cluster_steps.train", main)

@@ -1,4 +1,4 @@
-"""The train step on a cluster (serving.tfjob_step) against a fake API server whose TFJob status
+"""The train step on a cluster (cluster_steps.train) against a fake API server whose TFJob status
 moves as the training operator (kubeflow/trainer v1.9.4) moves it: a job failed by its backoff limit
 gets a Failed condition and no failed replica count, which the resource template it replaces never
 saw; a pod that cannot pull its image never fails the job; a retried step finds its earlier job."""
@@ -12,11 +12,12 @@ import pytest
 from conftest import REPO_ROOT, run_module
 from stack_checks import embedded
 
-from common import cluster_names
+from cluster_steps import kubernetes
+from cluster_steps import names as cluster_names
+from cluster_steps import train as tfjob_step
+from cluster_steps.kubernetes import Timing
 from pipeline import argo
 from pipeline.config import parse_config
-from serving import tfjob_step
-from serving.rollout import Timing
 
 NAMESPACE = "dist-ml"
 NAME = "run-1-train-cnn"
@@ -151,7 +152,7 @@ def test_the_argo_step_creates_the_rendered_tfjob_and_is_retried():
 
 
 def test_a_bad_manifest_is_refused_in_one_line():
-    result = run_module("serving.tfjob_step", "--namespace", "x", "--manifest", '{"kind": "Pod"}')
+    result = run_module("cluster_steps.train", "--namespace", "x", "--manifest", '{"kind": "Pod"}')
     assert result.returncode == 2 and "not a TFJob manifest (ValueError: kind 'Pod')" in result.stderr
     assert "Traceback" not in result.stderr and REPO_ROOT.is_dir()
 
@@ -183,7 +184,7 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants_and_a_gone_j
     with mock.patch("kubernetes.config.load_incluster_config"), \
             mock.patch("kubernetes.client.CustomObjectsApi", lambda *a: objects), \
             mock.patch("kubernetes.client.CoreV1Api", lambda *a: core):
-        cluster = tfjob_step.KubernetesCluster()
+        cluster = kubernetes.TrainApi()
         cluster.get_tfjob(NAMESPACE, NAME)
         cluster.create_tfjob(NAMESPACE, manifest())
         cluster.delete_tfjob(NAMESPACE, NAME)  # already gone: no error

@@ -1,4 +1,4 @@
-"""The local engine's canary (pipeline.local_rollout) against a real server: the split it starts with,
+"""The local engine's canary (pipeline.local_canary) against a real server: the split it starts with,
 the traffic, promote or roll back on the server's metrics, forced decisions, the history, and
 `python -m pipeline promote|rollback` by hand. Rolling back never deletes a version."""
 
@@ -17,7 +17,7 @@ from conftest import last_line, run_module
 
 from common.ports import free_ports
 from pipeline.config import parse_config
-from pipeline.local_rollout import (
+from pipeline.local_canary import (
     HISTORY_FILE,
     Forced,
     RolloutError,

@@ -1,11 +1,11 @@
 """Roll model versions out on the cluster: a canary beside the stable version, a weighted route between
 them, and promotion or rollback on the predictors' own metrics.
 
-    python -m serving.rollout deploy --namespace NS --manifest JSON [--canary-percent 10]
-    python -m serving.rollout analyse --namespace NS --model-name fmnist [--version N] [policy flags]
-    python -m serving.rollout decide --namespace NS --model-name fmnist [--version N] [policy flags]
-    python -m serving.rollout promote --namespace NS --model-name fmnist
-    python -m serving.rollout rollback --namespace NS --model-name fmnist
+    python -m cluster_steps.release deploy --namespace NS --manifest JSON [--canary-percent 10]
+    python -m cluster_steps.release analyse --namespace NS --model-name fmnist [--version N] [policy flags]
+    python -m cluster_steps.release decide --namespace NS --model-name fmnist [--version N] [policy flags]
+    python -m cluster_steps.release promote --namespace NS --model-name fmnist
+    python -m cluster_steps.release rollback --namespace NS --model-name fmnist
 
 Two InferenceServices serve a model: `<model>` (stable) and, during a rollout, `<model>-canary`, each
 on one release. Users reach them through the HTTPRoute `<model>-split` on the stacks' Gateway, whose
@@ -45,28 +45,31 @@ import argparse
 import copy
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
-from common import cli
-from common.cluster_names import (
+from cluster_steps.kubernetes import (
+    ClusterStepError,
+    Conflict,
+    NotFound,
+    ReleaseApi,
+    Timing,
+    pod_failure,
+)
+from cluster_steps.names import (
     GATEWAY_NAME,
-    ISVC_GROUP,
     ISVC_LABEL,
-    ISVC_PLURAL,
-    ISVC_VERSION,
     MANIFEST_FLAG,
     MODEL_VERSION_ANNOTATION,
     PREDICTOR_CONTAINER,
     PREDICTOR_SERVICE_PORT,
     ROUTE_GROUP,
-    ROUTE_PLURAL,
     ROUTE_VERSION,
     canary_name,
     predictor_deployment_name,
     route_name,
 )
+from common import cli
 from serving import canary
 
 DEFAULT_TIMEOUT_SECONDS = 900.0  # an image pull, the storage initializer's copy and a model load
@@ -75,32 +78,15 @@ DEFAULT_MIN_REQUESTS = 100
 DEFAULT_MAX_WAIT_SECONDS = 600.0
 DEFAULT_MAX_ERROR_RATE_INCREASE = 0.01
 DEFAULT_MAX_LATENCY_RATIO = 1.5
-POLL_SECONDS = 5.0
-# What the API server's pod proxy answers for a pod that is going away or not answering (gone,
-# bad gateway, unavailable, gateway timeout): skipped for that look, not a failed rollout.
-UNREADABLE_POD_STATUSES = (404, 502, 503, 504)
-HTTP_CONFLICT, HTTP_NOT_FOUND = 409, 404
 # Reads and writes of one object before other writers' changes fail the step (client-go's retry.DefaultRetry).
 WRITE_ATTEMPTS = 5
 EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
-# A container waiting for one of these will not start by itself: the rollout has failed.
-FATAL_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
-                         "CreateContainerConfigError", "CreateContainerError")
 NO_METRICS = ("serves no /metrics (runtime tensorflow?): a canary cannot be judged; "
               "deploy with --canary-percent 0")
 
 
-class RolloutError(RuntimeError):
+class RolloutError(ClusterStepError):
     """The version did not roll out, or a rollout step cannot go on; the message says why."""
-
-
-class Conflict(RolloutError):
-    """HTTP 409: the object changed since it was read (its resourceVersion moved on), or a create found
-    it already there. Reading it again and retrying resolves it; the message names the object."""
-
-
-class NotFound(RolloutError):
-    """HTTP 404: the object is not there (someone deleted it); the message names the object."""
 
 
 class Cluster(Protocol):
@@ -124,14 +110,6 @@ class Cluster(Protocol):
 class Observation:
     done: bool
     reason: str  # why it is not done yet, or what it reached
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """How a wait polls and reads the time (tests pass a fake clock)."""
-    poll_seconds: float = POLL_SECONDS
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
 
 
 def storage_uri(manifest: dict) -> str:
@@ -193,19 +171,6 @@ def names_uri(node: Any, uri: str) -> bool:
     """KServe writes the storage URI into the pod template (an annotation, and the init container's
     or the custom container's arguments), so pods of this version are the ones naming it."""
     return any(value == uri for value in _strings(node))
-
-
-def pod_failure(pod: dict) -> str | None:
-    status = pod.get("status") or {}
-    for key in ("initContainerStatuses", "containerStatuses"):
-        for container in status.get(key) or []:
-            waiting = (container.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in FATAL_WAITING_REASONS:
-                last = ((container.get("lastState") or {}).get("terminated") or {}).get("message")
-                detail = waiting.get("message") or last or ""
-                return (f"pod {pod['metadata']['name']}: container {container['name']}: "
-                        f"{waiting['reason']}{': ' + detail.strip() if detail.strip() else ''}")
-    return None
 
 
 def observe(deployment: dict | None, pods: Sequence[dict], uri: str) -> Observation:
@@ -468,110 +433,6 @@ def analyse(cluster: Cluster, namespace: str, model_name: str, policy: canary.Po
             raise NotFound(f"InferenceService {namespace}/{name} was deleted while it was judged")
 
 
-# --- The cluster ------------------------------------------------------------------------------------
-
-class KubernetesApi:
-    """The API as the pod's own service account (or the local kubeconfig outside a pod) reaches it,
-    with the client's errors the cluster steps handle made theirs."""
-
-    def __init__(self) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._api = client.ApiClient()
-        self._objects = client.CustomObjectsApi(self._api)
-        self._apps = client.AppsV1Api(self._api)
-        self._core = client.CoreV1Api(self._api)
-        self._api_error = client.ApiException
-
-    def _call(self, what: str, call: Callable[[], Any]) -> Any:
-        """Makes the API call; a 409 or a 404 becomes Conflict or NotFound naming `what`, so that the
-        rollout's logic never sees the client's exception type. Any other error is not the logic's to
-        handle (a missing right is the operator's to fix): it goes through as it is."""
-        try:
-            return call()
-        except self._api_error as error:
-            if error.status == HTTP_CONFLICT:
-                raise Conflict(f"{what}: {server_message(error)}") from None
-            if error.status == HTTP_NOT_FOUND:
-                raise NotFound(f"{what}: {server_message(error)}") from None
-            raise
-
-    def _or_none(self, what: str, call: Callable[[], Any]) -> Any:
-        try:
-            return self._call(what, call)
-        except NotFound:
-            return None
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
-        pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
-        return self._api.sanitize_for_serialization(pods)["items"]
-
-
-class KubernetesCluster(KubernetesApi):
-    """The Cluster of a rollout."""
-
-    def get_inference_service(self, namespace: str, name: str) -> dict | None:
-        what = f"InferenceService {namespace}/{name}"
-        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
-
-    def create_inference_service(self, namespace: str, manifest: dict) -> None:
-        what = f"InferenceService {namespace}/{manifest['metadata']['name']}"
-        self._call(what, lambda: self._objects.create_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, manifest))
-
-    def replace_inference_service(self, namespace: str, name: str, manifest: dict) -> None:
-        what = f"InferenceService {namespace}/{name}"
-        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name, manifest))
-
-    def delete_inference_service(self, namespace: str, name: str) -> None:
-        what = f"InferenceService {namespace}/{name}"
-        self._call(what, lambda: self._objects.delete_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
-
-    def get_http_route(self, namespace: str, name: str) -> dict | None:
-        what = f"HTTPRoute {namespace}/{name}"
-        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name))
-
-    def create_http_route(self, namespace: str, manifest: dict) -> None:
-        what = f"HTTPRoute {namespace}/{manifest['metadata']['name']}"
-        self._call(what, lambda: self._objects.create_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, manifest))
-
-    def replace_http_route(self, namespace: str, name: str, manifest: dict) -> None:
-        what = f"HTTPRoute {namespace}/{name}"
-        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name, manifest))
-
-    def get_deployment(self, namespace: str, name: str) -> dict | None:
-        deployment = self._or_none(f"Deployment {namespace}/{name}",
-                                   lambda: self._apps.read_namespaced_deployment(name, namespace))
-        return None if deployment is None else self._api.sanitize_for_serialization(deployment)
-
-    def pod_metrics(self, namespace: str, pod: str, port: int) -> str | None:
-        try:
-            return self._core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod}:{port}", namespace, "metrics")
-        except self._api_error as error:
-            if error.status in UNREADABLE_POD_STATUSES:
-                return None
-            raise
-
-
-def server_message(error: Any) -> str:
-    """What the API server said (its Status object's message), else the HTTP status and reason."""
-    try:
-        return str(json.loads(error.body)["message"])
-    except (TypeError, ValueError, KeyError):
-        return f"HTTP {error.status} {error.reason}"
-
-
 # --- Command line -----------------------------------------------------------------------------------
 
 def manifest_arg(text: str) -> dict:
@@ -600,7 +461,7 @@ def ratio(text: str) -> float:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = cli.OneLineParser(prog="serving.rollout", description=__doc__.split("\n\n")[0])
+    parser = cli.OneLineParser(prog="cluster_steps.release", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.OneLineParser)
     helps = {"deploy": "the serve step: a version becomes the stable version or the canary",
              "analyse": "wait for evidence and print the decision, changing nothing",
@@ -680,10 +541,10 @@ def run_command(cluster: Cluster, args: argparse.Namespace, timing: Timing = Tim
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        run_command(KubernetesCluster(), args)
-    except RolloutError as error:
+        run_command(ReleaseApi(), args)
+    except ClusterStepError as error:
         raise SystemExit(f"rollout: {args.command}: {error}") from None
 
 
 if __name__ == "__main__":
-    cli.run("serving.rollout", main)
+    cli.run("cluster_steps.release", main)

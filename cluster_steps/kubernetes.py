@@ -1,0 +1,192 @@
+"""The cluster steps' side of the Kubernetes API: the client set up as the pod's service account (or
+the local kubeconfig outside a pod), each step's calls on it, and the client's 409 and 404 made this
+package's Conflict and NotFound, so that the steps' logic never sees the client's types. Also what
+both steps read of pods, and how they poll.
+
+The kubernetes client is used directly: the kserve SDK's create/replace take its model classes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from typing import Any, Callable
+
+from cluster_steps.names import (
+    ISVC_GROUP,
+    ISVC_PLURAL,
+    ISVC_VERSION,
+    ROUTE_GROUP,
+    ROUTE_PLURAL,
+    ROUTE_VERSION,
+    TFJOB_GROUP,
+    TFJOB_PLURAL,
+    TFJOB_VERSION,
+)
+
+POLL_SECONDS = 5.0
+HTTP_CONFLICT, HTTP_NOT_FOUND = 409, 404
+# What the API server's pod proxy answers for a pod that is going away or not answering (gone,
+# bad gateway, unavailable, gateway timeout): skipped for that look, not a failed rollout.
+UNREADABLE_POD_STATUSES = (404, 502, 503, 504)
+# A container waiting for one of these will not start by itself: the rollout has failed.
+FATAL_WAITING_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
+                         "CreateContainerConfigError", "CreateContainerError")
+
+
+class ClusterStepError(RuntimeError):
+    """A cluster step cannot go on; the message says why, in one line."""
+
+
+class Conflict(ClusterStepError):
+    """HTTP 409: the object changed since it was read (its resourceVersion moved on), or a create found
+    it already there. Reading it again and retrying resolves it; the message names the object."""
+
+
+class NotFound(ClusterStepError):
+    """HTTP 404: the object is not there (someone deleted it); the message names the object."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """How a wait polls and reads the time (tests pass a fake clock)."""
+    poll_seconds: float = POLL_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def pod_failure(pod: dict) -> str | None:
+    status = pod.get("status") or {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in FATAL_WAITING_REASONS:
+                last = ((container.get("lastState") or {}).get("terminated") or {}).get("message")
+                detail = waiting.get("message") or last or ""
+                return (f"pod {pod['metadata']['name']}: container {container['name']}: "
+                        f"{waiting['reason']}{': ' + detail.strip() if detail.strip() else ''}")
+    return None
+
+
+class KubernetesApi:
+    """The API as the pod's own service account (or the local kubeconfig outside a pod) reaches it,
+    with the client's errors the cluster steps handle made theirs."""
+
+    def __init__(self) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self._api = client.ApiClient()
+        self._objects = client.CustomObjectsApi(self._api)
+        self._apps = client.AppsV1Api(self._api)
+        self._core = client.CoreV1Api(self._api)
+        self._api_error = client.ApiException
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        """Makes the API call; a 409 or a 404 becomes Conflict or NotFound naming `what`, so that the
+        rollout's logic never sees the client's exception type. Any other error is not the logic's to
+        handle (a missing right is the operator's to fix): it goes through as it is."""
+        try:
+            return call()
+        except self._api_error as error:
+            if error.status == HTTP_CONFLICT:
+                raise Conflict(f"{what}: {server_message(error)}") from None
+            if error.status == HTTP_NOT_FOUND:
+                raise NotFound(f"{what}: {server_message(error)}") from None
+            raise
+
+    def _or_none(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return self._call(what, call)
+        except NotFound:
+            return None
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
+        pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
+        return self._api.sanitize_for_serialization(pods)["items"]
+
+
+class ReleaseApi(KubernetesApi):
+    """cluster_steps.release's Cluster: InferenceServices, the route, the predictor's Deployment,
+    pods and their /metrics."""
+
+    def get_inference_service(self, namespace: str, name: str) -> dict | None:
+        what = f"InferenceService {namespace}/{name}"
+        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
+
+    def create_inference_service(self, namespace: str, manifest: dict) -> None:
+        what = f"InferenceService {namespace}/{manifest['metadata']['name']}"
+        self._call(what, lambda: self._objects.create_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, manifest))
+
+    def replace_inference_service(self, namespace: str, name: str, manifest: dict) -> None:
+        what = f"InferenceService {namespace}/{name}"
+        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name, manifest))
+
+    def delete_inference_service(self, namespace: str, name: str) -> None:
+        what = f"InferenceService {namespace}/{name}"
+        self._call(what, lambda: self._objects.delete_namespaced_custom_object(
+            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
+
+    def get_http_route(self, namespace: str, name: str) -> dict | None:
+        what = f"HTTPRoute {namespace}/{name}"
+        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name))
+
+    def create_http_route(self, namespace: str, manifest: dict) -> None:
+        what = f"HTTPRoute {namespace}/{manifest['metadata']['name']}"
+        self._call(what, lambda: self._objects.create_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, manifest))
+
+    def replace_http_route(self, namespace: str, name: str, manifest: dict) -> None:
+        what = f"HTTPRoute {namespace}/{name}"
+        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
+            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name, manifest))
+
+    def get_deployment(self, namespace: str, name: str) -> dict | None:
+        deployment = self._or_none(f"Deployment {namespace}/{name}",
+                                   lambda: self._apps.read_namespaced_deployment(name, namespace))
+        return None if deployment is None else self._api.sanitize_for_serialization(deployment)
+
+    def pod_metrics(self, namespace: str, pod: str, port: int) -> str | None:
+        try:
+            return self._core.connect_get_namespaced_pod_proxy_with_path(
+                f"{pod}:{port}", namespace, "metrics")
+        except self._api_error as error:
+            if error.status in UNREADABLE_POD_STATUSES:
+                return None
+            raise
+
+
+def server_message(error: Any) -> str:
+    """What the API server said (its Status object's message), else the HTTP status and reason."""
+    try:
+        return str(json.loads(error.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"HTTP {error.status} {error.reason}"
+
+
+class TrainApi(KubernetesApi):
+    """cluster_steps.train's Cluster: the step's TFJob and its pods."""
+
+    def get_tfjob(self, namespace: str, name: str) -> dict | None:
+        return self._or_none(f"TFJob {namespace}/{name}", lambda: self._objects.get_namespaced_custom_object(
+            TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name))
+
+    def create_tfjob(self, namespace: str, manifest: dict) -> None:
+        self._call(f"TFJob {namespace}/{manifest['metadata']['name']}",
+                   lambda: self._objects.create_namespaced_custom_object(
+                       TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, manifest))
+
+    def delete_tfjob(self, namespace: str, name: str) -> None:
+        """Deletes the job and, before it is gone, its pods (foreground); one already gone is fine."""
+        with contextlib.suppress(NotFound):
+            self._call(f"TFJob {namespace}/{name}", lambda: self._objects.delete_namespaced_custom_object(
+                TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name, propagation_policy="Foreground"))
