@@ -10,7 +10,8 @@ The versions are the committed numbered directories under REPO/<model-name>/, or
 Concurrent requests are batched (a request that finds the model idle runs at once, those that arrive
 while it is busy make up the next batch); a newer version is served once loaded; bodies over
 --max-body-bytes get a 413; past --max-queued-images waiting images a request gets a 503 with
-Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish.
+Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish. A refused request is one
+log line (serving.refusals), a server fault an ERROR with its traceback.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from serving.batching import QueueFull
 from serving.dataplane import with_strict_dataplane
 from serving.metrics import ANSWERED_BY, ERRORS, LATENCY, REQUESTS, VERSION_LABEL, error_kind
 from serving.model import DEFAULT_MAX_QUEUED_IMAGES, VERSION_HEADER, FashionMnistModel
+from serving.refusals import HTTP_REFUSALS, http_refusal_status, log_refusal, with_one_line_grpc_refusals
 from serving.request_log import GRPC_ONLY, RequestLogger, cloudevents_sink, file_sink
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -54,6 +56,10 @@ VERSION_HEADER_BYTES = VERSION_HEADER.encode()  # ASGI header names are lower-ca
 # measured by LimitAndMeasure; answered by InferenceRoute unless the path names a model version.
 INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/(?P<model>[^/]+):predict$"),
                    "v2": re.compile(r"^/v2/models/(?P<model>[^/]+)(?P<version>/versions/[^/]+)?/infer$")}
+# The protocol and model of a refused request's log line, from any of KServe's paths (/v1/models/m:predict,
+# /v2/models/m/infer, /v2/models/m/ready, /v2/health/live, ...); "http" for a path of neither protocol.
+NAMED_PATH = re.compile(r"^/(?P<protocol>v[12])/(?:models/(?P<model>[^/:]+))?")
+OTHER_PATH_PROTOCOL = "http"
 # Set in a request's ASGI scope when it was refused for a full queue: counted once, in
 # dist_ml_queue_full_total, not also as a "not ready" error.
 QUEUE_FULL_SCOPE_KEY = "dist_ml.queue_full"
@@ -93,7 +99,7 @@ class LimitAndMeasure:
         try:
             body, size = await self._body_within_limit(scope, receive)
             if body is None:
-                await too_large(size, self.max_body_bytes)(scope, receive, send_and_note_status)
+                await too_large(scope, size, self.max_body_bytes)(scope, receive, send_and_note_status)
             else:
                 await self.app(scope, body, send_and_note_status)
         finally:
@@ -255,29 +261,76 @@ def v2_body(body: bytes, content_type: str) -> InferenceRequest | bytes:
                                       for problem in error.errors()]) from None
 
 
-def too_large(size: int, max_body_bytes: int) -> JSONResponse:
-    return JSONResponse({"error": f"request body of {size} bytes is over the limit of "
-                                  f"{max_body_bytes} bytes"}, status_code=413)
+def request_names(scope: dict) -> tuple[str, str]:
+    """(protocol, model) of an HTTP request for its log line: v1, v2, v2-binary (a v2 body that is not
+    JSON: the binary tensor extension), or OTHER_PATH_PROTOCOL; the model its path names, or ""."""
+    match = NAMED_PATH.match(scope["path"])
+    if match is None:
+        return OTHER_PATH_PROTOCOL, ""
+    content_type = dict(scope["headers"]).get(b"content-type")
+    if match["protocol"] == "v2" and content_type is not None and not is_json(content_type.decode("latin-1")):
+        return "v2-binary", match["model"] or ""
+    return match["protocol"], match["model"] or ""
+
+
+def refused(scope: dict, status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The answer `{"error": reason}` to a refused request, logged as one line (no traceback)."""
+    protocol, model = request_names(scope)
+    log_refusal(protocol, status, model, reason)
+    return JSONResponse({"error": reason}, status_code=status, headers=headers)
+
+
+def too_large(scope: dict, size: int, max_body_bytes: int) -> JSONResponse:
+    return refused(scope, 413, f"request body of {size} bytes is over the limit of {max_body_bytes} bytes")
 
 
 async def queue_full_handler(request: Request, error: QueueFull) -> JSONResponse:
     request.scope[QUEUE_FULL_SCOPE_KEY] = True
-    return JSONResponse({"error": str(error)}, status_code=503,
-                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return refused(request.scope, 503, str(error), headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
-async def invalid_request_handler(_request: object, error: RequestValidationError) -> JSONResponse:
+async def invalid_request_handler(request: Request, error: RequestValidationError) -> JSONResponse:
     """FastAPI's own 422 echoes the offending input, and fails to serialise it (a 500) when it holds
     NaN or infinity: the problems are named without the input."""
     problems = "; ".join(f"{'.'.join(map(str, problem.get('loc', ())))}: {problem.get('msg', '')}"
                          for problem in error.errors())
-    return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+    return refused(request.scope, 422, f"invalid request: {problems}")
 
 
-def add_error_handlers(application: FastAPI) -> None:
-    """Errors that KServe's handlers do not know (a 500) or answer badly."""
-    application.add_exception_handler(QueueFull, queue_full_handler)
-    application.add_exception_handler(RequestValidationError, invalid_request_handler)
+async def refusal_handler(request: Request, error: Exception) -> JSONResponse:
+    """KServe's answer to one of its errors that is a refusal (serving.refusals.HTTP_REFUSALS), logged as
+    one line where KServe's handler logs an ERROR with the traceback."""
+    return refused(request.scope, http_refusal_status(error), str(error))
+
+
+def at_build(app: FastAPI, step: Callable[[FastAPI], None]) -> None:
+    """Runs `step(app)` when Starlette builds `app`'s middleware stack, on its first call: after
+    ModelServer.start has added KServe's middleware and exception handlers, which `step` may change."""
+    build = app.build_middleware_stack
+
+    def build_after_step():
+        step(app)
+        return build()
+
+    app.build_middleware_stack = build_after_step
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    for error_class, _ in HTTP_REFUSALS:
+        app.add_exception_handler(error_class, refusal_handler)
+    app.add_exception_handler(QueueFull, queue_full_handler)
+    app.add_exception_handler(RequestValidationError, invalid_request_handler)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Errors that KServe's handlers do not know (a 500) or answer badly, and KServe's refusals logged
+    as one line each; KServe's handlers for faults (500) are kept: ERROR with the traceback. Installed
+    at the build, since KServe's, added later, would replace ours for the same classes."""
+    at_build(app, install_error_handlers)
+
+
+def drop_kserve_timing(app: FastAPI) -> None:
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not TimingMiddleware]
 
 
 def without_kserve_timing(app: FastAPI) -> None:
@@ -288,13 +341,7 @@ def without_kserve_timing(app: FastAPI) -> None:
     dist_ml_request_seconds measures the same latency.
     KServe adds it inside ModelServer.start, so it is filtered out at the build, on the first call.
     """
-    build = app.build_middleware_stack
-
-    def build_without_timing():
-        app.user_middleware = [m for m in app.user_middleware if m.cls is not TimingMiddleware]
-        return build()
-
-    app.build_middleware_stack = build_without_timing
+    at_build(app, drop_kserve_timing)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -355,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app.add_middleware(LimitAndMeasure, max_body_bytes=args.max_body_bytes)  # outside InferenceRoute
     add_error_handlers(app)
     without_kserve_timing(app)
+    with_one_line_grpc_refusals()
     # KServe's --event_loop "auto" means uvloop, but with one worker ModelServer.start runs
     # asyncio.run on the default policy's loop (kserve 0.20.0 model_server.py): uvloop is installed
     # here, and a current loop set for ModelServer.setup_event_loop's get_event_loop (which uvloop's
