@@ -44,9 +44,6 @@ ENVS_DIR = REPO_ROOT / ".cache" / "envs"
 POLICY_DIR = REPO_ROOT / "policy"
 INSTALL_TIMEOUT_SECONDS = 1200
 READY_MARKER = ".installed"
-# What `pip install .` reads of a checkout: the project's packages and its metadata.
-CHECKOUT_TOPS = ("pyproject.toml", "common", "infra", "pipeline", "serving", "stacks", "trainer",
-                 "Pulumi.yaml", "Pulumi.local.yaml", "Pulumi.gke.yaml")
 
 
 def digest(*paths: Path) -> str:
@@ -72,13 +69,13 @@ def virtualenv(name: str, key: str, *install_args: str, cwd: Path = REPO_ROOT) -
 
 
 def checkout_copy(destination: Path) -> Path:
-    """The files a user's checkout has that `pip install .` and the program read."""
-    for top in CHECKOUT_TOPS:
-        source = REPO_ROOT / top
-        if source.is_dir():
-            shutil.copytree(source, destination / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy(source, destination / top)
+    """A user's checkout: the files git tracks, as the working tree has them."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True,
+                             timeout=60).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (REPO_ROOT / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, destination / name)
     return destination
 
 
