@@ -1,0 +1,92 @@
+"""Each image's lock installed as its Dockerfile installs it (`pip install --no-deps -r`, `pip check`)
+into a real virtualenv, with only the directories the image copies: the trainer's trains a step, the
+server's answers a request for that export. The virtualenvs are built and kept as
+tests/test_environments.py builds its own.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, train_args
+from PIL import Image
+from test_environments import digest, virtualenv
+
+from common.ports import free_ports
+from infra.images import IMAGE_INPUTS
+from serving import client
+from serving.process import stop, wait_until_ready
+from tools import lock
+
+pytestmark = pytest.mark.slow  # builds virtualenvs from the package registry, trains and serves
+
+
+def image_python(image: str) -> Path:
+    """The image's Python: its lock installed as the Dockerfile does, then `pip check`."""
+    requirements = lock.LOCK_DIR / f"{image}.txt"
+    python = virtualenv(image, digest(requirements), "--no-deps", "-r", str(requirements))
+    check = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return python
+
+
+def image_root(image: str, destination: Path) -> Path:
+    """The image's /app: the project's directories its Dockerfile copies, nothing else."""
+    for top in IMAGE_INPUTS[image]:
+        if (REPO_ROOT / top).is_dir():
+            shutil.copytree(REPO_ROOT / top, destination / top, ignore=shutil.ignore_patterns("__pycache__"))
+    return destination
+
+
+def image_env(image: str) -> dict[str, str]:
+    """The Dockerfile's ENV, and no PYTHONPATH leaking the checkout in."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")
+    if image == "trainer":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def trainer_image_export(data_dir, tmp_path_factory) -> Path:
+    """One training step of `cnn` by the trainer image's lock; its export."""
+    python, work = image_python("trainer"), tmp_path_factory.mktemp("trainer-image")
+    root = image_root("trainer", work / "app")
+    result = subprocess.run(
+        [str(python), "-m", "trainer.train", *train_args("cnn", data_dir, work, "--epochs", "1",
+                                                         "--steps-per-epoch", "1")],
+        cwd=root, env=image_env("trainer"), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return work / "export"
+
+
+def test_the_trainer_image_lock_trains_a_step(trainer_image_export):
+    assert (trainer_image_export / "saved_model.pb").is_file()
+
+
+def png(pixels: bytes) -> bytes:
+    out = io.BytesIO()
+    Image.frombytes("L", (28, 28), pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_the_serving_image_lock_answers_a_request_for_the_trainers_export(trainer_image_export, tmp_path):
+    python, repo = image_python("serving"), tmp_path / "models"
+    shutil.copytree(trainer_image_export, repo / "fmnist" / "1")
+    root, log, port = image_root("serving", tmp_path / "app"), tmp_path / "server.log", free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        server = subprocess.Popen([str(python), "-m", "serving.server", "--model-repo", str(repo),
+                                   "--model-name", "fmnist", "--http-port", str(port), "--grpc-port", "0"],
+                                  cwd=root, env=image_env("serving"), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_ready(url, "fmnist", server, log)
+        ((label, probability),) = client.predict([png(bytes(range(28)) * 28)], url=url, model_name="fmnist")
+        assert isinstance(label, str) and 0.0 <= probability <= 1.0
+    finally:
+        stop(server)
