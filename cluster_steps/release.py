@@ -446,18 +446,8 @@ def manifest_arg(text: str) -> dict:
     return manifest
 
 
-def percent(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 99:
-        raise argparse.ArgumentTypeError(f"must be a whole percentage from 0 to 99, got {text}")
-    return value
-
-
-def ratio(text: str) -> float:
-    value = float(text)
-    if not value >= 1:
-        raise argparse.ArgumentTypeError(f"must be a number >= 1, got {text}")
-    return value
+percent = cli.checked("percent", int, lambda value: 0 <= value <= 99, "a whole percentage from 0 to 99")
+ratio = cli.checked("ratio", float, lambda value: value >= 1, "a number >= 1")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

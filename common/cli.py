@@ -6,7 +6,9 @@ import argparse
 import math
 import re
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence, TypeVar
+
+Number = TypeVar("Number", int, float)
 
 
 class UsageError(Exception):
@@ -20,32 +22,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def checked(name: str, parse: Callable[[str], Number], holds: Callable[[Number], bool],
+            requirement: str) -> Callable[[str], Number]:
+    """An argparse type: what `parse` reads from the text, refused in one line unless it `holds`.
+    `name` is what argparse calls the type when `parse` itself fails ("invalid <name> value")."""
+    def convert(text: str) -> Number:
+        value = parse(text)
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+
+    convert.__name__ = name
+    return convert
 
 
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
+positive_int = checked("positive_int", int, lambda value: value >= 1, "a positive integer")
+positive_float = checked("positive_float", float, lambda value: value > 0, "a positive number")
+non_negative_float = checked("non_negative_float", float, lambda value: 0 <= value < math.inf,
+                             "a finite number >= 0")
+fraction = checked("fraction", float, lambda value: 0 <= value <= 1, "between 0 and 1")
 
 
 def http_url(text: str) -> str:
