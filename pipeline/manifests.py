@@ -43,6 +43,23 @@ GRPC_PORT_NAME = "h2c"
 PART_OF = {"app.kubernetes.io/part-of": "dist-ml"}
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 STANDARD_MODE = "Standard"  # Deployments and HPAs; the stacks install no Knative
+# A version change rolls the predictor's Deployment without dropping a request. KServe
+# v0.20 (raw mode) takes spec.predictor.deploymentStrategy over its default 25%/25% RollingUpdate.
+MAX_UNAVAILABLE = 0  # no old pod stops before a new one is ready: serving capacity never dips
+MAX_SURGE = 1  # one new pod at a time: the cluster needs room for one extra predictor only
+# Our server answers KServe's v2 model-ready route with 200 only once the model is loaded (503
+# before); KServe's default probe (TCP on the first port) would pass as soon as the port listens.
+READINESS_PERIOD_SECONDS = 5
+READINESS_FAILURE_THRESHOLD = 3  # 15 s of failed checks before a pod leaves the endpoints
+# Endpoints, kube-proxy and the Gateway's Envoy learn a terminating pod is gone within seconds:
+# the server keeps answering this long before it gets SIGTERM, so nothing is sent to a closed port.
+PRESTOP_SLEEP_SECONDS = 10
+# The longest request: the client's timeout (serving/client.py TIMEOUT_SECONDS); the server sets none
+# of its own, so a request still running after it has no one waiting for it.
+LONGEST_REQUEST_SECONDS = 30
+# Kubernetes counts the preStop hook in the grace period: after the sleep, SIGTERM, then the
+# in-flight requests finish within LONGEST_REQUEST_SECONDS (and a margin) before SIGKILL.
+TERMINATION_GRACE_SECONDS = PRESTOP_SLEEP_SECONDS + LONGEST_REQUEST_SECONDS + 5
 # KServe v0.20's TF Serving runtime defaults to 2.6.2, years older than the TensorFlow that exports
 # our SavedModel; serving is no older than the exporter (trainer.serving_contract.EXPORTER_TENSORFLOW).
 TF_SERVING_VERSION = "2.21.0"
@@ -197,6 +214,12 @@ def grpc_flags(target: ClusterTarget) -> list[str]:
     return flags
 
 
+def model_ready_path(model_name: str) -> str:
+    """KServe's v2 model-ready route (kserve/protocol/rest/v2_endpoints.py): 200 once the model is
+    loaded, 503 before. /v2/health/ready is not it: without a transformer it answers 200 always."""
+    return f"/v2/models/{model_name}/ready"
+
+
 def inference_service(config: PipelineConfig, target: ClusterTarget, version: str) -> dict:
     """The InferenceService serving one published `version` (a number, or Argo's placeholder for it),
     with KServe's TF Serving or our server. A new version changes the predictor's pods, so every
@@ -210,6 +233,10 @@ def inference_service(config: PipelineConfig, target: ClusterTarget, version: st
         "scaleMetric": serving.scale_metric,
         "scaleTarget": serving.scale_target,
         "serviceAccountName": PREDICTOR_SERVICE_ACCOUNT,
+        # Both runtimes: these are the predictor's (the Deployment's and its PodSpec's), not the container's.
+        "deploymentStrategy": {"type": "RollingUpdate",
+                               "rollingUpdate": {"maxUnavailable": MAX_UNAVAILABLE, "maxSurge": MAX_SURGE}},
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if target.logger_url:
         predictor["logger"] = {"mode": "all", "url": target.logger_url}
@@ -229,6 +256,11 @@ def inference_service(config: PipelineConfig, target: ClusterTarget, version: st
             "ports": [{"name": PREDICTOR_PORT_NAME, "containerPort": SERVING_HTTP_PORT, "protocol": "TCP"},
                       {"name": GRPC_PORT_NAME, "containerPort": SERVING_GRPC_PORT, "protocol": "TCP"}],
             "resources": resources,
+            "readinessProbe": {"httpGet": {"path": model_ready_path(config.model_name),
+                                           "port": SERVING_HTTP_PORT},
+                               "periodSeconds": READINESS_PERIOD_SECONDS,
+                               "failureThreshold": READINESS_FAILURE_THRESHOLD},
+            "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         }]
     return {
         "apiVersion": ISVC_API_VERSION,
