@@ -27,6 +27,7 @@ from common import cli
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # the operator labels a job's pods with it
 DEFAULT_TIMEOUT_SECONDS = 6 * 3600.0
+DELETION_TIMEOUT_SECONDS = 300.0  # a failed job and its pods gone (foreground), before the retry
 
 
 class TrainingFailed(ClusterStepError):
@@ -73,12 +74,11 @@ def start(cluster: Cluster, namespace: str, manifest: dict, timing: Timing,
     if current is not None and condition(current, "Succeeded"):
         say(f"tfjob: {namespace}/{name} succeeded in an earlier attempt")
         return True
-    if current is not None and condition(current, "Failed"):
-        reason = described(condition(current, "Failed") or {})
-        say(f"tfjob: {namespace}/{name} failed in an earlier attempt ({reason}); creating it again: "
-            "training resumes from its last backup")
+    if current is not None and (failed := condition(current, "Failed")):
+        say(f"tfjob: {namespace}/{name} failed in an earlier attempt ({described(failed)}); creating it "
+            "again: training resumes from its last backup")
         cluster.delete_tfjob(namespace, name)
-        wait_until_gone(cluster, namespace, name, timing, timeout_seconds=300)
+        wait_until_gone(cluster, namespace, name, timing, DELETION_TIMEOUT_SECONDS)
         current = None
     if current is None:
         cluster.create_tfjob(namespace, manifest)

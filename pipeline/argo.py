@@ -120,23 +120,17 @@ def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
         # again and training resumes from the variant's backup.
         "retryStrategy": retry_strategy(step),
         "activeDeadlineSeconds": timeout + TRAIN_DEADLINE_MARGIN_SECONDS,  # a backstop past the step's own
-        "container": {"name": MAIN_CONTAINER, "image": target.images.serving,
-                      "imagePullPolicy": "IfNotPresent", "command": ["python", "-m", TRAIN_STEP_MODULE],
-                      "args": ["--namespace", "{{workflow.namespace}}", "--timeout-seconds", str(timeout),
-                               MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)],
-                      "resources": config.step_resources.as_manifest()},
+        "container": cluster_step_container(config, target, TRAIN_STEP_MODULE, [
+            "--namespace", "{{workflow.namespace}}", "--timeout-seconds", str(timeout),
+            MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)]),
     }
 
 
-def tfjob_manifest(template: dict) -> dict:
-    """The TFJob a train template creates (its placeholders left as they are)."""
-    args = template["container"]["args"]
-    return json.loads(args[args.index(MANIFEST_FLAG) + 1])
-
-
-def rollout_container(config: PipelineConfig, target: ClusterTarget, args: list[str]) -> dict:
+def cluster_step_container(config: PipelineConfig, target: ClusterTarget, module: str,
+                           args: list[str]) -> dict:
+    """A step of cluster_steps (`module`), in the serving image, which carries the kubernetes client."""
     return {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
-            "command": ["python", "-m", RELEASE_MODULE], "args": args,
+            "command": ["python", "-m", module], "args": args,
             "resources": config.step_resources.as_manifest()}
 
 
@@ -149,7 +143,7 @@ def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
         "inputs": {"parameters": [{"name": VERSION_PARAMETER}]},
         "retryStrategy": retry_strategy(step),
         "activeDeadlineSeconds": ROLLOUT_TIMEOUT_SECONDS * 2,  # a backstop: the step's own wait is bounded
-        "container": rollout_container(config, target, [
+        "container": cluster_step_container(config, target, RELEASE_MODULE, [
             "deploy", "--namespace", "{{workflow.namespace}}",
             "--canary-percent", str(config.rollout.canary_percent),
             "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
@@ -170,7 +164,7 @@ def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) 
         "retryStrategy": retry_strategy(step),
         # A backstop past the step's own bounds: the wait for evidence and a promotion's rollout.
         "activeDeadlineSeconds": policy.max_wait_seconds + ROLLOUT_TIMEOUT_SECONDS * 2,
-        "container": rollout_container(config, target, [
+        "container": cluster_step_container(config, target, RELEASE_MODULE, [
             "decide", "--namespace", "{{workflow.namespace}}", "--model-name", config.model_name,
             "--version", f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}",
             *rollout_flags(config),
@@ -180,8 +174,9 @@ def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) 
     }
 
 
-def rollout_manifest(template: dict) -> dict:
-    """The InferenceService a serve template rolls out (its placeholders left as they are)."""
+def applied_manifest(template: dict) -> dict:
+    """The object a cluster step's template applies: a train step's TFJob, a serve step's
+    InferenceService (its placeholders left as they are)."""
     args = template["container"]["args"]
     return json.loads(args[args.index(MANIFEST_FLAG) + 1])
 

@@ -55,7 +55,7 @@ def embedded(template: dict, name: str) -> dict:
     (found,) = [t for t in template["spec"]["templates"] if t["name"] == name]
     if "resource" in found:
         return yaml.safe_load(as_submitted(found["resource"]["manifest"]))
-    return json.loads(as_submitted(json.dumps(argo.rollout_manifest(found)).replace(
+    return json.loads(as_submitted(json.dumps(argo.applied_manifest(found)).replace(
         "{{workflow.uid}}", WORKFLOW_UID)))
 
 

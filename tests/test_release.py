@@ -711,7 +711,7 @@ def test_the_serve_and_rollout_steps_arguments_are_ones_the_cli_accepts():
     template = argo.workflow_template(parse_config({}))
     steps = {t["name"]: t for t in template["spec"]["templates"]}
     serve = rollout.parse_args(steps["serve"]["container"]["args"])
-    assert serve.command == "deploy" and serve.manifest == argo.rollout_manifest(steps["serve"])
+    assert serve.command == "deploy" and serve.manifest == argo.applied_manifest(steps["serve"])
     assert serve.namespace == "{{workflow.namespace}}" and serve.canary_percent == 10
     decide = rollout.parse_args(steps["rollout"]["container"]["args"])
     assert decide.command == "decide" and decide.model_name == "fmnist"

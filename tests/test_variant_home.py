@@ -40,7 +40,7 @@ config = load_config(None)
 template = argo.workflow_template(config)
 templates = {{t["name"]: t for t in template["spec"]["templates"]}}
 train = templates.get("train-cnn-wide", {{}})
-tfjob = argo.tfjob_manifest(train) if train else {{}}
+tfjob = argo.applied_manifest(train) if train else {{}}
 stacks = {{}}
 for stack in {STACK_FILES!r}:
     name = stack.split(".")[1]
