@@ -80,7 +80,11 @@ class KubernetesApi:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            try:
+                config.load_kube_config()
+            except (config.ConfigException, FileNotFoundError) as error:
+                raise ClusterStepError(
+                    f"no cluster to reach: not in a pod, and no kubeconfig ({error})") from None
         self._api = client.ApiClient()
         self._objects = client.CustomObjectsApi(self._api)
         self._apps = client.AppsV1Api(self._api)

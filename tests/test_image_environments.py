@@ -90,3 +90,19 @@ def test_the_serving_image_lock_answers_a_request_for_the_trainers_export(traine
         assert isinstance(label, str) and 0.0 <= probability <= 1.0
     finally:
         stop(server)
+
+
+@pytest.mark.parametrize("step", [
+    ["cluster_steps.release", "rollback", "--namespace", "dist-ml", "--model-name", "fmnist"],
+    ["cluster_steps.train", "--namespace", "dist-ml",
+     "--manifest", '{"kind": "TFJob", "metadata": {"name": "j"}}'],
+], ids=["release", "train"])
+def test_each_cluster_step_starts_in_the_serving_image_and_says_in_one_line_it_has_no_cluster(step, tmp_path):
+    """The workflow runs these in the serving image: its lock holds the kubernetes client they load."""
+    python, root = image_python("serving"), image_root("serving", tmp_path / "app")
+    env = {**image_env("serving"), "KUBECONFIG": str(tmp_path / "no-kubeconfig")}
+    result = subprocess.run([str(python), "-m", *step], cwd=root, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "no cluster to reach: not in a pod, and no kubeconfig" in result.stderr
+    assert "Traceback" not in result.stderr
