@@ -2,7 +2,7 @@
 
     python -m serving.server (--model-repo REPO | --model-base-path DIR) --model-name fmnist
         [--http-port 8080] [--grpc-port 8081] [--max-batch-size 32] [--max-batch-wait-ms 0]
-        [--max-queued-images 1024] [--log-file FILE | --log-url URL] [--log-grpc-only]
+        [--max-queued-images 1024] [--log-file FILE | --log-url URL] [--log-grpc-only] [--access-log]
 
 Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService
 (there with `--model-base-path /mnt/models`, where KServe's storage initializer puts a release).
@@ -11,7 +11,8 @@ Concurrent requests are batched (a request that finds the model idle runs at onc
 while it is busy make up the next batch); a newer version is served once loaded; bodies over
 --max-body-bytes get a 413; past --max-queued-images waiting images a request gets a 503 with
 Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish. A refused request is one
-log line (serving.refusals), a server fault an ERROR with its traceback.
+log line (serving.refusals), a server fault an ERROR with its traceback; uvicorn's line per request
+(the access log) only with --access-log.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import email.message
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -344,6 +346,14 @@ def without_kserve_timing(app: FastAPI) -> None:
     at_build(app, drop_kserve_timing)
 
 
+def without_access_log() -> None:
+    """No uvicorn access line per request: uvicorn's own `access_log=False`, which KServe does not
+    expose. Its protocols check for handlers per connection; the line cost a seventh of the server's
+    CPU under load (docs/results/serving-benchmark.md), and dist_ml_requests counts the same requests."""
+    access = logging.getLogger("uvicorn.access")
+    access.handlers, access.propagate = [], False
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="serving.server", description=__doc__.split("\n\n")[0])
     bases = parser.add_mutually_exclusive_group(required=True)
@@ -371,6 +381,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-payloads", action="store_true", help="also log the raw inputs")
     parser.add_argument("--log-grpc-only", action="store_true",
                         help="log only gRPC requests: on a cluster, KServe's logger logs the HTTP ones")
+    parser.add_argument("--access-log", action="store_true",
+                        help="write uvicorn's access line for each HTTP request (off by default: the "
+                             "request metrics count the same requests at a fraction of the cost)")
     return parser.parse_args(argv)
 
 
@@ -403,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_error_handlers(app)
     without_kserve_timing(app)
     with_one_line_grpc_refusals()
+    if not args.access_log:
+        without_access_log()
     # KServe's --event_loop "auto" means uvloop, but with one worker ModelServer.start runs
     # asyncio.run on the default policy's loop (kserve 0.20.0 model_server.py): uvloop is installed
     # here, and a current loop set for ModelServer.setup_event_loop's get_event_loop (which uvloop's

@@ -109,9 +109,10 @@ REFUSALS = [  # (protocol, status, model the line names, request)
 @pytest.fixture(scope="module")
 def server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
     """(URL, gRPC address, log file) of a server whose queue admits one image for BATCH_WAIT_SECONDS,
-    warmed up: a good request of each protocol has been answered."""
+    with uvicorn's access log on, warmed up: a good request of each protocol has been answered."""
     work = tmp_path_factory.mktemp("logs")
-    with grpc_model_server(published_repo, work, "--max-body-bytes", MAX_BODY_BYTES, "--max-queued-images", 1,
+    with grpc_model_server(published_repo, work, "--access-log", "--max-body-bytes", MAX_BODY_BYTES,
+                           "--max-queued-images", 1,
                            "--max-batch-size", 64, "--max-batch-wait-ms", int(BATCH_WAIT_SECONDS * 1000)
                            ) as (url, address, _):
         for protocol in ("v1", "v2", "v2-binary"):
@@ -151,6 +152,15 @@ def test_a_refused_request_is_one_info_line_without_a_traceback(server, protocol
     assert_quiet(lines)
     [line] = refusal_lines(lines)
     assert (line["protocol"], line["status"], line["model"]) == (protocol, status, model)
+
+
+def test_with_access_log_each_http_request_is_one_access_line(server):
+    url, address, log = server
+    path, body, headers = client.http_request([png()], "v1", MODEL)
+    lines = logged_while(log, lambda: [http_post(path, body, headers)(url, address) for _ in range(2)])
+    access = re.compile(rf' uvicorn\.access INFO: .* "POST /v1/models/{MODEL}(:|%3A)predict HTTP/1\.1" 200 ')
+    assert len([line for line in lines if access.search(line)]) == 2, lines
+    assert_quiet(lines)
 
 
 def test_a_full_queue_is_one_info_line_over_http_and_grpc(server):

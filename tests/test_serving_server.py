@@ -111,6 +111,30 @@ def test_loadtest_sends_several_images_per_request(server, image_dir):
     assert "images/s (3 per request)" in result.stdout and "status: 200: 4" in result.stdout
 
 
+def test_without_access_log_a_request_adds_no_access_line(server, image_dir):
+    url, log_file = server
+    path, body = png_body(image_dir)
+    for _ in range(3):
+        assert requests.post(url + path, json=body, timeout=30).status_code == 200
+    assert " uvicorn.access " not in (log_file.parent / "server.log").read_text()
+
+
+def predict_seconds_count(url: str) -> float:
+    """KServe's own request_predict_seconds count for the model, from /metrics."""
+    metrics = requests.get(url + "/metrics", timeout=10).text
+    count = re.search(rf'^request_predict_seconds_count{{model_name="{MODEL}"}} (\S+)$', metrics, re.M)
+    return float(count[1])
+
+
+def test_kserves_predict_histogram_counts_every_request_both_protocols(server, image_dir):
+    url, _ = server
+    before = predict_seconds_count(url)
+    for protocol in ("v1", "v2", "v1"):
+        path, body = png_body(image_dir, protocol)
+        assert requests.post(url + path, json=body, timeout=30).status_code == 200
+    assert predict_seconds_count(url) == before + 3
+
+
 LOADTEST_ARGS = ["--concurrency", "1", "--requests", "1"]
 SERVER_ARGS = ["--model-repo", "runs/models"]
 
