@@ -60,7 +60,12 @@ evaluate: $(INSTALLED)
 # are built once). test-fast leaves out the tests marked slow: those that train or export a model,
 # start a server, a pipeline or a script, or build a virtualenv.
 PYTEST_WORKERS ?= auto
-test: $(INSTALLED)
+# The virtualenvs the slow tier runs users' paths in (tools/virtualenvs.py, standard library only) are
+# built beside the dev install: pip unpacks on one core, so the two share the machine's time.
+test:
+	$(PYTHON) -m tools.virtualenvs & built=$$!; \
+	$(MAKE) --no-print-directory $(INSTALLED); installed=$$?; \
+	wait $$built && exit $$installed
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope
 

@@ -6,68 +6,30 @@
 - each image's lock: tests/test_image_environments.py (a module of its own, so that pytest-xdist
   builds those virtualenvs beside these).
 
-Each environment is a real virtualenv installed from the package registry, kept under .cache/envs/
-by the digest of what it installs from, so a run after the first reuses it. Building one needs the
-registry: where it cannot be built, the test fails (these are the paths users take).
+Each environment is a real virtualenv installed from the package registry (tools/virtualenvs.py),
+kept under .cache/envs/ by the digest of what it installs from, so a run after the first reuses it;
+`make test` builds them beside the dev install. Building one needs the registry: where it cannot be
+built, the test fails (these are the paths users take).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import subprocess
-import sys
 import textwrap
 import types
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
 from test_cluster_contracts import PROJECT, REGION, stack_values
 from test_policy_pack import as_policy_resources
 
 from stacks import policies, render
+from tools import virtualenvs
 
 pytestmark = pytest.mark.slow  # builds virtualenvs from the package registry, trains and serves
 
-ENVS_DIR = REPO_ROOT / ".cache" / "envs"
-POLICY_DIR = REPO_ROOT / "policy"
-INSTALL_TIMEOUT_SECONDS = 1200
-READY_MARKER = ".installed"
-
-
-def digest(*paths: Path) -> str:
-    hashed = hashlib.sha256()
-    for path in paths:
-        hashed.update(path.read_bytes())
-    return hashed.hexdigest()[:16]
-
-
-def virtualenv(name: str, key: str, *install_args: str, cwd: Path = REPO_ROOT) -> Path:
-    """A virtualenv with `pip install install_args`, built once per key; returns its python."""
-    home = ENVS_DIR / f"{name}-{key}"
-    python = home / "bin" / "python"
-    if (home / READY_MARKER).is_file():
-        return python
-    shutil.rmtree(home, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=120)
-    result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *install_args],
-                            cwd=cwd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECONDS)
-    assert result.returncode == 0, f"pip install {' '.join(install_args)}:\n{result.stderr[-3000:]}"
-    (home / READY_MARKER).touch()
-    return python
-
-
-def checkout_copy(destination: Path) -> Path:
-    """A user's checkout: the files git tracks, as the working tree has them."""
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True,
-                             timeout=60).stdout.decode().split("\0")
-    for name in filter(None, tracked):
-        if (REPO_ROOT / name).is_file():
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO_ROOT / name, destination / name)
-    return destination
+POLICY_DIR = virtualenvs.POLICY_DIR
 
 
 # --- The policy pack ---------------------------------------------------------------------------------
@@ -99,8 +61,7 @@ POLICY_DRIVER = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def policy_python() -> Path:
-    requirements = POLICY_DIR / "requirements.txt"
-    return virtualenv("policy", digest(requirements), "-r", str(requirements))
+    return virtualenvs.policy_python()
 
 
 def run_policy_pack(python: Path, resources: list[types.SimpleNamespace], tmp_path: Path) -> dict:
@@ -148,9 +109,8 @@ def test_the_policy_pack_imports_only_what_its_requirements_install(policy_pytho
 def infra_checkout(tmp_path_factory) -> tuple[Path, Path]:
     """A copy of the checkout and the python of a clean virtualenv with `pip install '.[infra]'`
     run in it (the project built from that copy, as a user's checkout)."""
-    checkout = checkout_copy(tmp_path_factory.mktemp("checkout"))
-    python = virtualenv("infra", digest(REPO_ROOT / "pyproject.toml"), ".[infra]", cwd=checkout)
-    return checkout, python
+    checkout = virtualenvs.checkout_copy(tmp_path_factory.mktemp("checkout"))
+    return checkout, virtualenvs.infra_python(checkout)
 
 
 @pytest.mark.parametrize("stack, settings", [

@@ -1,7 +1,7 @@
 """Each image's lock installed as its Dockerfile installs it (`pip install --no-deps -r`, `pip check`)
 into a real virtualenv, with only the directories the image copies: the trainer's trains a step, the
-server's answers a request for that export. The virtualenvs are built and kept as
-tests/test_environments.py builds its own.
+server's answers a request for that export. The virtualenvs are built and kept by tools/virtualenvs.py
+(`make test` builds them beside the dev install).
 """
 
 from __future__ import annotations
@@ -15,21 +15,19 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, train_args
 from PIL import Image
-from test_environments import digest, virtualenv
 
 from common.ports import free_ports
 from infra.images import IMAGE_INPUTS
 from serving import client
 from serving.process import stop, wait_until_ready
-from tools import lock
+from tools import virtualenvs
 
 pytestmark = pytest.mark.slow  # builds virtualenvs from the package registry, trains and serves
 
 
 def image_python(image: str) -> Path:
     """The image's Python: its lock installed as the Dockerfile does, then `pip check`."""
-    requirements = lock.LOCK_DIR / f"{image}.txt"
-    python = virtualenv(image, digest(requirements), "--no-deps", "-r", str(requirements))
+    python = virtualenvs.image_python(image)
     check = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
     return python

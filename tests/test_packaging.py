@@ -349,3 +349,24 @@ def test_what_each_program_imports_is_in_the_environment_it_runs_in(starts, requ
     missing = {top: where for top, where in third_party_imports(reached_from(modules_under(*starts))).items()
                if not any(lock.normalize(dist) in installed for dist in providers.get(top, ()))}
     assert not missing, f"imported but not installed where it runs: {missing}"
+
+
+def test_the_virtualenv_builder_imports_the_standard_library_alone() -> None:
+    """`make test` runs tools.virtualenvs with the system python, beside the install of .venv."""
+    def module_file(target: str) -> Path | None:  # `from tools.lock import ROOT` names tools.lock.ROOT
+        parts = target.split(".")
+        candidates = (REPO_ROOT / Path(*parts[:n]).with_suffix(".py") for n in (len(parts), len(parts) - 1))
+        return next((path for path in candidates if path.is_file()), None)
+
+    pending, reached, outside = [REPO_ROOT / "tools" / "virtualenvs.py"], set(), {}
+    while pending:
+        path = pending.pop()
+        reached.add(path.stem)
+        for found in imports_of(path, f"tools.{path.stem}", REPO_ROOT):
+            top = found.target.split(".")[0]
+            if top == "tools":
+                if (module := module_file(found.target)) and module.stem not in reached:
+                    pending.append(module)
+            elif top not in sys.stdlib_module_names:
+                outside[found.target] = f"{found.path}:{found.line}"
+    assert reached == {"virtualenvs", "lock"} and not outside, (reached, outside)

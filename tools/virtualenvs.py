@@ -1,0 +1,118 @@
+"""The virtualenvs in which the tests run users' paths (tests/test_environments.py and
+tests/test_image_environments.py): the policy pack's, `pip install '.[infra]'`'s, and each image's lock
+installed as its Dockerfile installs it. Each is a real virtualenv from the package registry, kept
+under .cache/envs/ by the digest of what it installs, so a run after the first reuses it.
+
+    python3 -m tools.virtualenvs     # builds any missing; `make test` runs it beside the dev install
+
+Standard library only, so that it runs before .venv exists: a pip install keeps about one core busy,
+so these builds, two at a time beside the dev virtualenv's, use the machine's idle time
+(docs/results/index.md#the-test-suite).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from tools.lock import IMAGES, LOCK_DIR, ROOT
+
+ENVS_DIR = ROOT / ".cache" / "envs"
+POLICY_DIR = ROOT / "policy"  # the policy pack, run by `pulumi preview --policy-pack policy`
+POLICY_REQUIREMENTS = POLICY_DIR / "requirements.txt"
+INSTALL_TIMEOUT_SECONDS = 1200
+READY_MARKER = ".installed"
+
+
+class BuildError(RuntimeError):
+    """A virtualenv could not be built; the message ends with pip's own."""
+
+
+def digest(*paths: Path) -> str:
+    hashed = hashlib.sha256()
+    for path in paths:
+        hashed.update(path.read_bytes())
+    return hashed.hexdigest()[:16]
+
+
+def virtualenv(name: str, key: str, *install_args: str, cwd: Path = ROOT) -> Path:
+    """A virtualenv with `pip install install_args`, built once per key; returns its python."""
+    home = ENVS_DIR / f"{name}-{key}"
+    python = home / "bin" / "python"
+    if (home / READY_MARKER).is_file():
+        return python
+    shutil.rmtree(home, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=120)
+    result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *install_args],
+                            cwd=cwd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECONDS)
+    if result.returncode != 0:
+        raise BuildError(f"{name}: pip install {' '.join(install_args)}:\n{result.stderr[-3000:]}")
+    (home / READY_MARKER).touch()
+    return python
+
+
+def checkout_copy(destination: Path) -> Path:
+    """A user's checkout: the files git tracks, as the working tree has them."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                             timeout=60).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, destination / name)
+    return destination
+
+
+def policy_python() -> Path:
+    """The policy pack's virtualenv, as Pulumi builds it: policy/requirements.txt alone."""
+    return virtualenv("policy", digest(POLICY_REQUIREMENTS), "-r", str(POLICY_REQUIREMENTS))
+
+
+def infra_python(checkout: Path) -> Path:
+    """`pip install '.[infra]'` run in `checkout`, a copy of the checkout (the project built from it)."""
+    return virtualenv("infra", digest(ROOT / "pyproject.toml"), ".[infra]", cwd=checkout)
+
+
+def image_python(image: str) -> Path:
+    """The image's lock installed as its Dockerfile installs it (`pip install --no-deps -r`)."""
+    requirements = LOCK_DIR / f"{image}.txt"
+    return virtualenv(image, digest(requirements), "--no-deps", "-r", str(requirements))
+
+
+def build_infra() -> Path:
+    with tempfile.TemporaryDirectory(prefix="infra-checkout-") as checkout:
+        return infra_python(checkout_copy(Path(checkout)))
+
+
+# The largest first, two at a time: with the dev install beside them, the machine's two cores stay busy.
+BUILDS: dict[str, Callable[[], Path]] = {
+    **{image: (lambda image=image: image_python(image)) for image in IMAGES},
+    "infra": build_infra,
+    "policy": policy_python,
+}
+PARALLEL_BUILDS = 2
+
+
+def timed_build(name: str) -> str:
+    started = time.monotonic()
+    BUILDS[name]()
+    return f"{name} ready ({time.monotonic() - started:.0f}s)"
+
+
+def main() -> None:
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL_BUILDS) as pool:
+        try:
+            for line in pool.map(timed_build, BUILDS):
+                print(f"tools.virtualenvs: {line}", flush=True)
+        except BuildError as error:
+            sys.exit(f"tools.virtualenvs: error: {error}")
+
+
+if __name__ == "__main__":
+    main()
