@@ -13,7 +13,7 @@ import pytest
 from conftest import last_line, run_module
 from PIL import Image
 
-from trainer import model_repository
+from trainer import model_repository, select
 from trainer.atomic import COMMIT_MARKER, commit, is_committed
 from trainer.model_repository import LAST_SELECTION_FILE
 from trainer.select import CandidateError, Evaluation, choose_winner, promotes, select_and_publish
@@ -230,12 +230,23 @@ def test_cli_prints_the_table_and_the_version_and_writes_the_version_file(candid
     assert version_file.read_text() == "1\n"
 
 
-@pytest.mark.slow  # the CLI imports TensorFlow
-def test_cli_missing_candidate_is_one_line(data_dir, tmp_path):
-    result = run_module("trainer.select", "--candidates", tmp_path / "nope", "--data-dir",
-                        data_dir, "--model-repo", tmp_path / "models")
-    assert result.returncode == 2
-    assert last_line(result.stderr) == f"select: error: {tmp_path / 'nope'}: no such export directory"
+def run_select(capsys: pytest.CaptureFixture, *args: object) -> tuple[int, str, str]:
+    """`python -m trainer.select ARGS` in this process (its entry point, without a TensorFlow import
+    a test): (exit status, stdout, stderr)."""
+    try:
+        select.run([str(arg) for arg in args])
+        status = 0
+    except SystemExit as exit_info:
+        status = exit_info.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_cli_missing_candidate_is_one_line(data_dir, tmp_path, capsys):
+    status, _, err = run_select(capsys, "--candidates", tmp_path / "nope", "--data-dir", data_dir,
+                                "--model-repo", tmp_path / "models")
+    assert status == 2
+    assert last_line(err) == f"select: error: {tmp_path / 'nope'}: no such export directory"
 
 
 # --- The promotion gate: the winner against the served version, on the validation images -----------
@@ -270,16 +281,16 @@ def test_the_gate_is_better_by_at_least_the_margin_and_zero_means_not_worse():
 
 
 def test_a_served_version_that_is_better_stays_served_and_the_record_says_why(
-        two_worker_export, constant_export, data_dir, tmp_path):
+        two_worker_export, constant_export, data_dir, tmp_path, capsys):
     repo, releases = tmp_path / "models", tmp_path / "releases"
     select_and_publish([two_worker_export], data_dir, repo, "fmnist", releases)
     version_file = tmp_path / "outputs" / "version"
 
-    result = run_module("trainer.select", "--candidates", constant_export, "--data-dir", data_dir,
-                        "--model-repo", repo, "--model-name", "fmnist", "--releases-dir", releases,
-                        "--published-version-file", version_file)
+    status, out, err = run_select(capsys, "--candidates", constant_export, "--data-dir", data_dir,
+                                  "--model-repo", repo, "--model-name", "fmnist", "--releases-dir", releases,
+                                  "--published-version-file", version_file)
 
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert status == 0, err[-2000:]
     assert model_repository.versions(repo, "fmnist") == [1]
     assert model_repository.numbered_directories(releases / "fmnist") == [1]
     assert version_file.read_text() == "1\n"  # the served one: the serve step re-applies it
@@ -289,12 +300,12 @@ def test_a_served_version_that_is_better_stays_served_and_the_record_says_why(
     assert (gate["candidate"], gate["served_version"], gate["min_improvement"]) == ("constant", 1, 0.0)
     assert gate["served_validation_accuracy"] > gate["candidate_validation_accuracy"]
     assert gate["validation_examples"] > 0
-    line = last_line(result.stdout)
+    line = last_line(out)
     assert line.startswith("select: not promoted, version 1 stays served: constant validation accuracy ")
     assert f"{gate['candidate_validation_accuracy']:.4f}" in line
     assert f"{gate['served_validation_accuracy']:.4f}" in line
     assert "min improvement 0" in line and line.endswith("nothing published")
-    assert "<- published" not in result.stdout
+    assert "<- published" not in out
 
 
 def test_a_candidate_better_by_more_than_the_margin_is_published(
@@ -328,11 +339,11 @@ def test_a_candidate_no_better_than_the_margin_is_not_published(two_worker_expor
     assert again["version"] == 2 and model_repository.versions(repo, "fmnist") == [1, 2]
 
 
-def test_cli_refuses_a_margin_outside_0_to_1(two_worker_export, data_dir, tmp_path):
-    result = run_module("trainer.select", "--candidates", two_worker_export, "--data-dir", data_dir,
-                        "--model-repo", tmp_path / "models", "--min-improvement", "1.5")
-    assert result.returncode == 2
-    assert last_line(result.stderr) == ("select: error: --min-improvement: must be a number from 0 to 1, "
+def test_cli_refuses_a_margin_outside_0_to_1(two_worker_export, data_dir, tmp_path, capsys):
+    status, _, err = run_select(capsys, "--candidates", two_worker_export, "--data-dir", data_dir,
+                                "--model-repo", tmp_path / "models", "--min-improvement", "1.5")
+    assert status == 2
+    assert last_line(err) == ("select: error: --min-improvement: must be a number from 0 to 1, "
                                         "got 1.5")
     assert not (tmp_path / "models").exists()
 

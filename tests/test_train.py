@@ -15,7 +15,7 @@ import tensorflow as tf
 from conftest import last_line, run_module, train_args
 from PIL import Image
 
-from trainer import fashion_mnist
+from trainer import fashion_mnist, train
 from trainer.atomic import is_committed
 from trainer.launch import start_workers, stop_workers, wait_for_workers
 
@@ -106,35 +106,57 @@ def test_killed_worker_resumes_from_the_last_completed_epoch(data_dir, tmp_path)
     assert (tmp_path / "export" / "saved_model.pb").is_file()
 
 
-@pytest.mark.parametrize("change, message", [
+BAD_ARGUMENTS = [
     ({"model": "resnet"}, "train: error: argument --model: invalid choice: 'resnet'"),
     ({"data-dir": "/nonexistent/data"}, "train: error: /nonexistent/data: no dataset here"),
     ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}'},
      "train: error: malformed TF_CONFIG: task.index 3 is not in 0..0"),
     ({"epochs": "0"}, "train: error: argument --epochs: must be a positive integer, got 0"),
-])
-def test_bad_arguments_exit_nonzero_with_one_clear_line(data_dir, tmp_path, change, message):
+]
+
+
+def bad_run(data_dir: Path, tmp_path: Path, change: dict[str, str]) -> tuple[list[str], str]:
+    """The arguments and TF_CONFIG of a run of cnn with `change` made."""
     flags = {"model": "cnn", "data-dir": str(data_dir), "checkpoint-dir": str(tmp_path / "c"),
              "export-dir": str(tmp_path / "e"), "epochs": "1"}
-    env = {"TF_CONFIG": change.pop("TF_CONFIG", "")}
+    tf_config = change.pop("TF_CONFIG", "")
     flags.update(change)
-    argv = [item for key, value in flags.items() for item in (f"--{key}", value)]
+    return [item for key, value in flags.items() for item in (f"--{key}", value)], tf_config
 
-    result = run_module("trainer.train", *argv, env=env)
 
-    assert result.returncode != 0
-    assert last_line(result.stderr).startswith(message), result.stderr[-2000:]
+@pytest.mark.parametrize("change, message", BAD_ARGUMENTS)
+def test_bad_arguments_exit_nonzero_with_one_clear_line(data_dir, tmp_path, change, message, capsys,
+                                                        monkeypatch):
+    argv, tf_config = bad_run(data_dir, tmp_path, dict(change))
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+
+    with pytest.raises(SystemExit) as exit_info:
+        train.run(argv)  # in process: the module's own entry point, without a TensorFlow import a case
+
+    assert exit_info.value.code != 0
+    assert last_line(capsys.readouterr().err).startswith(message)
     assert not (tmp_path / "e").exists()
 
 
-def test_a_checkpoint_dir_of_another_variant_is_refused(data_dir, tmp_path):
+def test_python_m_trainer_train_reports_a_bad_argument_in_one_line(data_dir, tmp_path):
+    change, message = BAD_ARGUMENTS[2]
+    argv, tf_config = bad_run(data_dir, tmp_path, dict(change))
+
+    result = run_module("trainer.train", *argv, env={"TF_CONFIG": tf_config})
+
+    assert result.returncode == 1
+    assert last_line(result.stderr) == message, result.stderr[-2000:]
+
+
+def test_a_checkpoint_dir_of_another_variant_is_refused(data_dir, tmp_path, capsys):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "model.txt").write_text("cnn_dropout\n")
 
-    result = run_module("trainer.train", *train_args("cnn", data_dir, tmp_path, "--epochs", "1"))
+    with pytest.raises(SystemExit) as exit_info:
+        train.run(train_args("cnn", data_dir, tmp_path, "--epochs", "1"))
 
-    assert result.returncode == 2
-    assert last_line(result.stderr) == (
+    assert exit_info.value.code == 2
+    assert last_line(capsys.readouterr().err) == (
         f"train: error: {tmp_path / 'checkpoints'}: holds checkpoints of 'cnn_dropout', not 'cnn'; "
         "give each variant its own --checkpoint-dir")
     assert (tmp_path / "checkpoints" / "model.txt").read_text() == "cnn_dropout\n"

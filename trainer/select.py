@@ -351,5 +351,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_table(selection, args.model_repo, args.releases_dir)
 
 
+def run(argv: Sequence[str] | None = None) -> None:
+    """`python -m trainer.select`: a user's mistake (arguments, candidates, data) is one line."""
+    cli.run("select", main, argv, expected=(CandidateError, DatasetError))
+
+
 if __name__ == "__main__":
-    cli.run("select", main, expected=(CandidateError, DatasetError))
+    run()

@@ -285,5 +285,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     train(config, cluster)
 
 
+def run(argv: Sequence[str] | None = None) -> None:
+    """`python -m trainer.train`: a user's mistake (arguments, TF_CONFIG, data) is one line."""
+    cli.run("train", main, argv, expected=(ClusterConfigError, DatasetError))
+
+
 if __name__ == "__main__":
-    cli.run("train", main, expected=(ClusterConfigError, DatasetError))
+    run()
