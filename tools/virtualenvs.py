@@ -3,7 +3,7 @@ tests/test_image_environments.py): the policy pack's, `pip install '.[infra]'`'s
 installed as its Dockerfile installs it. Each is a real virtualenv from the package registry, kept
 under .cache/envs/ by the digest of what it installs, so a run after the first reuses it.
 
-    python3 -m tools.virtualenvs     # builds any missing; `make test` runs it beside the dev install
+    python -m tools.virtualenvs     # builds any missing; `make test` runs it (with python3) beside the dev install
 
 Standard library only, so that it runs before .venv exists: a pip install keeps about one core busy,
 so these builds, two at a time beside the dev virtualenv's, use the machine's idle time
