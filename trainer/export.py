@@ -110,15 +110,23 @@ def save_for_serving(model: keras.Model, export_dir: str) -> None:
     save_module(ServingModule(model), export_dir)
 
 
-def save_ensemble(member_dirs: Sequence[Path], export_dir: str) -> None:
+# Reads a SavedModel directory; a caller that reads the same export twice may pass a cached one.
+Loader = Callable[[Path], object]
+
+
+def load_saved_model(export_dir: Path) -> object:
+    return tf.saved_model.load(str(export_dir))
+
+
+def save_ensemble(member_dirs: Sequence[Path], export_dir: str, load: Loader = load_saved_model) -> None:
     """One SavedModel serving the mean probabilities of the exports in `member_dirs`."""
-    save_module(EnsembleModule([tf.saved_model.load(str(member)) for member in member_dirs]), export_dir)
+    save_module(EnsembleModule([load(member) for member in member_dirs]), export_dir)
 
 
-def pixels_predictor(export_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
+def pixels_predictor(export_dir: Path, load: Loader = load_saved_model) -> Callable[[np.ndarray], np.ndarray]:
     """The export loaded once, as a function: uint8 images [N, 28, 28, 1] -> class probabilities
     [N, 10], through the `pixels` signature."""
-    predict = tf.saved_model.load(str(export_dir)).signatures[PIXELS_SIGNATURE]
+    predict = load(export_dir).signatures[PIXELS_SIGNATURE]
 
     def probabilities(images: np.ndarray) -> np.ndarray:
         return predict(pixels=tf.constant(images, tf.float32))["probabilities"].numpy()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import tempfile
@@ -103,11 +104,12 @@ def check_committed(candidates: Sequence[Path]) -> None:
                                  "did trainer.train finish writing it?)")
 
 
-def predictions(export_dir: Path, *splits: Split) -> list[np.ndarray]:
+def predictions(export_dir: Path, *splits: Split, load: export.Loader = export.load_saved_model
+                ) -> list[np.ndarray]:
     """The export's class probabilities for each split's images, the export loaded once; an
     unreadable export is a CandidateError."""
     try:
-        predict = export.pixels_predictor(export_dir)
+        predict = export.pixels_predictor(export_dir, load)
         return [predict(split.images) for split in splits]
     except (OSError, ValueError, KeyError) as error:
         raise CandidateError(
@@ -117,8 +119,8 @@ def predictions(export_dir: Path, *splits: Split) -> list[np.ndarray]:
 
 
 def evaluate(export_dir: Path, validation: Split, test: Split, name: str | None = None,
-             members: tuple[str, ...] = ()) -> Evaluation:
-    validation_probabilities, probabilities = predictions(export_dir, validation, test)
+             members: tuple[str, ...] = (), load: export.Loader = export.load_saved_model) -> Evaluation:
+    validation_probabilities, probabilities = predictions(export_dir, validation, test, load=load)
     validation_accuracy, validation_loss = export.accuracy_and_loss(validation_probabilities,
                                                                     validation.labels)
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=int)
@@ -129,11 +131,11 @@ def evaluate(export_dir: Path, validation: Split, test: Split, name: str | None 
                       accuracy=accuracy, loss=loss, confusion=confusion, members=members)
 
 
-def evaluate_ensemble(members: Sequence[Evaluation], scratch: Path, validation: Split,
-                      test: Split) -> Evaluation:
+def evaluate_ensemble(members: Sequence[Evaluation], scratch: Path, validation: Split, test: Split,
+                      load: export.Loader = export.load_saved_model) -> Evaluation:
     """Saves the members' ensemble under `scratch` and scores the saved model itself."""
     export_dir = scratch / ENSEMBLE
-    export.save_ensemble([member.export_dir for member in members], str(export_dir))
+    export.save_ensemble([member.export_dir for member in members], str(export_dir), load)
     return evaluate(export_dir, validation, test, name=ENSEMBLE,
                     members=tuple(member.name for member in members))
 
@@ -245,10 +247,13 @@ def _select_and_publish(candidates: Sequence[Path], data_dir: Path, repo: Path, 
                         scratch: Path) -> dict:
     validation = data.split_validation(load_split(data_dir, "train"))[1]
     test = load_split(data_dir, "test")
-    evaluations = [evaluate(candidate, validation, test) for candidate in candidates]
+    # Each candidate is read once, for its scores and again as an ensemble member (reading one takes
+    # about as long as scoring it).
+    load = functools.cache(export.load_saved_model)
+    evaluations = [evaluate(candidate, validation, test, load=load) for candidate in candidates]
     combined = None
     if ensemble and len(evaluations) > 1:
-        combined = evaluate_ensemble(evaluations, scratch, validation, test)
+        combined = evaluate_ensemble(evaluations, scratch, validation, test, load)
     winner = choose_winner(evaluations, combined, len(validation))
     selection = {
         "model_name": model_name,
