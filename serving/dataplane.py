@@ -25,7 +25,7 @@ from kserve.protocol.infer_type import InferRequest
 
 from serving.batching import QueueFull
 from serving.inputs import binary_infer_request
-from serving.metrics import ANSWERED_BY, ERRORS, LATENCY, REQUESTS, VERSION_LABEL, error_kind
+from serving.metrics import ANSWERED_BY, ERRORS, VERSION_LABEL, error_kind, observe_request
 
 # The HTTP status of each outcome of a gRPC request, as KServe's interceptor maps it to a gRPC code:
 # INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE; RESOURCE_EXHAUSTED for a full queue; INTERNAL otherwise.
@@ -42,8 +42,7 @@ def status_of(error: Exception) -> int:
 def observe_grpc(status: int, seconds: float, version: str, queue_full: bool = False) -> None:
     """`version`: the served version that answered, as for HTTP requests ("" if none was chosen). A
     full queue is counted once, in dist_ml_queue_full_total, not also as a "not ready" error."""
-    REQUESTS.labels("grpc", str(status), version).inc()
-    LATENCY.labels("grpc", str(status), version).observe(seconds)
+    observe_request("grpc", status, version, seconds)
     if (kind := error_kind(status)) and not queue_full:
         ERRORS.labels(kind, version).inc()
 

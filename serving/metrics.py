@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from contextvars import ContextVar
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -35,6 +36,21 @@ ANSWERED_BY: ContextVar[dict[str, str] | None] = ContextVar("answered_by", defau
 
 ERROR_KINDS = {400: "invalid_input", 404: "not_found", 413: "body_too_large", 422: "invalid_request",
                503: "not_ready"}
+
+
+@functools.cache
+def request_series(protocol: str, status: int, version: str) -> tuple[Counter, Histogram]:
+    """The request counter's and the latency histogram's series for one label set, looked up once:
+    prometheus_client's labels() takes a lock and checks its arguments on every call."""
+    return (REQUESTS.labels(protocol, str(status), version),
+            LATENCY.labels(protocol, str(status), version))
+
+
+def observe_request(protocol: str, status: int, version: str, seconds: float) -> None:
+    """One answered request: counted, and its latency observed."""
+    requests, latency = request_series(protocol, status, version)
+    requests.inc()
+    latency.observe(seconds)
 
 
 def error_kind(status: int) -> str | None:

@@ -45,7 +45,7 @@ from timing_asgi import TimingMiddleware
 from common import cli
 from serving.batching import QueueFull
 from serving.dataplane import with_strict_dataplane
-from serving.metrics import ANSWERED_BY, ERRORS, LATENCY, REQUESTS, VERSION_LABEL, error_kind
+from serving.metrics import ANSWERED_BY, ERRORS, VERSION_LABEL, error_kind, observe_request
 from serving.model import DEFAULT_MAX_QUEUED_IMAGES, VERSION_HEADER, FashionMnistModel
 from serving.refusals import HTTP_REFUSALS, http_refusal_status, log_refusal, with_one_line_grpc_refusals
 from serving.request_log import GRPC_ONLY, RequestLogger, cloudevents_sink, file_sink
@@ -106,8 +106,7 @@ class LimitAndMeasure:
                 await self.app(scope, body, send_and_note_status)
         finally:
             version = version or answered_by.get(VERSION_LABEL, "")
-            REQUESTS.labels(protocol, str(status), version).inc()
-            LATENCY.labels(protocol, str(status), version).observe(time.perf_counter() - started)
+            observe_request(protocol, status, version, time.perf_counter() - started)
             if (kind := error_kind(status)) and not scope.get(QUEUE_FULL_SCOPE_KEY):
                 ERRORS.labels(kind, version).inc()
 
