@@ -61,13 +61,13 @@ evaluate: $(INSTALLED)
 # start a server, a pipeline or a script, or build a virtualenv.
 PYTEST_WORKERS ?= auto
 # The virtualenvs the slow tier runs users' paths in (tools/virtualenvs.py, standard library only) are
-# built beside the dev install: pip unpacks on one core, so the two share the machine's time.
+# built in the background, beside the dev install and then the tests: a pip install keeps about one
+# core busy, and a test that needs one of them waits for it.
 test:
 	$(PYTHON) -m tools.virtualenvs & built=$$!; \
-	$(MAKE) --no-print-directory $(INSTALLED); installed=$$?; \
-	wait $$built && exit $$installed
-	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope
+	$(MAKE) --no-print-directory $(INSTALLED) && $(PY) -m ruff check . && \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope; tested=$$?; \
+	wait $$built && exit $$tested || exit 1
 
 test-fast: $(INSTALLED)
 	$(PY) -m ruff check .

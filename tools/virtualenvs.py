@@ -3,16 +3,17 @@ tests/test_image_environments.py): the policy pack's, `pip install '.[infra]'`'s
 installed as its Dockerfile installs it. Each is a real virtualenv from the package registry, kept
 under .cache/envs/ by the digest of what it installs, so a run after the first reuses it.
 
-    python -m tools.virtualenvs     # builds any missing; `make test` runs it (with python3) beside the dev install
+    python -m tools.virtualenvs     # builds any missing (`make test` runs it in the background)
 
 Standard library only, so that it runs before .venv exists: a pip install keeps about one core busy,
-so these builds, two at a time beside the dev virtualenv's, use the machine's idle time
-(docs/results/index.md#the-test-suite).
+so `make test` builds these in the background, two at a time, beside the dev virtualenv's install and
+then the tests, and a test that needs one waits for it (docs/results/index.md#the-test-suite).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -43,19 +44,25 @@ def digest(*paths: Path) -> str:
 
 
 def virtualenv(name: str, key: str, *install_args: str, cwd: Path = ROOT) -> Path:
-    """A virtualenv with `pip install install_args`, built once per key; returns its python."""
+    """A virtualenv with `pip install install_args`, built once per key; returns its python. While
+    another process builds it (`make test`'s background build, another test worker), waits for it."""
     home = ENVS_DIR / f"{name}-{key}"
-    python = home / "bin" / "python"
-    if (home / READY_MARKER).is_file():
-        return python
+    ENVS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(ENVS_DIR / f"{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (home / READY_MARKER).is_file():
+            build(home, install_args, cwd)
+    return home / "bin" / "python"
+
+
+def build(home: Path, install_args: tuple[str, ...], cwd: Path) -> None:
     shutil.rmtree(home, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=120)
-    result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *install_args],
+    result = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", *install_args],
                             cwd=cwd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECONDS)
     if result.returncode != 0:
-        raise BuildError(f"{name}: pip install {' '.join(install_args)}:\n{result.stderr[-3000:]}")
+        raise BuildError(f"{home.name}: pip install {' '.join(install_args)}:\n{result.stderr[-3000:]}")
     (home / READY_MARKER).touch()
-    return python
 
 
 def checkout_copy(destination: Path) -> Path:
