@@ -6,13 +6,12 @@ under .cache/envs/ by the digest of what it installs, so a run after the first r
     python -m tools.virtualenvs     # builds any missing (`make test` runs it in the background)
 
 Standard library only, so that it runs before .venv exists: a pip install keeps about one core busy,
-so `make test` builds these in the background, two at a time, beside the dev virtualenv's install and
+so `make test` builds these in the background, one at a time, beside the dev virtualenv's install and
 then the tests, and a test that needs one waits for it (docs/results/index.md#the-test-suite).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import fcntl
 import hashlib
 import shutil
@@ -97,28 +96,23 @@ def build_infra() -> Path:
         return infra_python(checkout_copy(Path(checkout)))
 
 
-# The largest first, two at a time: with the dev install beside them, the machine's two cores stay busy.
+# The largest first. One at a time: two beside the dev install took as long in all (the machine's two
+# cores are busy either way) and held the tests back until all were done.
 BUILDS: dict[str, Callable[[], Path]] = {
     **{image: (lambda image=image: image_python(image)) for image in IMAGES},
     "infra": build_infra,
     "policy": policy_python,
 }
-PARALLEL_BUILDS = 2
-
-
-def timed_build(name: str) -> str:
-    started = time.monotonic()
-    BUILDS[name]()
-    return f"{name} ready ({time.monotonic() - started:.0f}s)"
 
 
 def main() -> None:
-    with concurrent.futures.ThreadPoolExecutor(PARALLEL_BUILDS) as pool:
+    for name, build_one in BUILDS.items():
+        started = time.monotonic()
         try:
-            for line in pool.map(timed_build, BUILDS):
-                print(f"tools.virtualenvs: {line}", flush=True)
+            build_one()
         except BuildError as error:
             sys.exit(f"tools.virtualenvs: error: {error}")
+        print(f"tools.virtualenvs: {name} ready ({time.monotonic() - started:.0f}s)", flush=True)
 
 
 if __name__ == "__main__":
