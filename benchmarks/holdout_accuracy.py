@@ -119,5 +119,10 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"(PNG through '{SERVING_SIGNATURE}'): {model_dir}")
 
 
+def run(argv: Sequence[str] | None = None) -> None:
+    """`python -m benchmarks.holdout_accuracy`: a user's mistake is one line."""
+    cli.run("holdout_accuracy", main, argv, expected=(DatasetError,))
+
+
 if __name__ == "__main__":
-    cli.run("holdout_accuracy", main, expected=(DatasetError,))
+    run()

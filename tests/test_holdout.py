@@ -82,12 +82,16 @@ def test_command_measures_the_latest_committed_version(constant_export, tmp_path
     assert (measured["accuracy"], measured["examples"]) == (pytest.approx(0.1), 300)
     assert measured["model_dir"].endswith("fmnist/1")
 
-    text = run_module("benchmarks.holdout_accuracy", "--model-dir", constant_export)
-    assert last_line(text.stdout).startswith("holdout accuracy 0.1000 on 300 unseen images")
 
 
-def test_a_directory_without_a_saved_model_is_one_line(tmp_path):
-    result = run_module("benchmarks.holdout_accuracy", "--model-dir", tmp_path)
-    assert result.returncode == 2
-    assert last_line(result.stderr) == (
+def test_command_measures_a_model_directory_in_words(constant_export, capsys):
+    holdout_accuracy.run(["--model-dir", str(constant_export)])  # in process: its entry point
+    assert last_line(capsys.readouterr().out).startswith("holdout accuracy 0.1000 on 300 unseen images")
+
+
+def test_a_directory_without_a_saved_model_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        holdout_accuracy.run(["--model-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert last_line(capsys.readouterr().err) == (
         f"holdout_accuracy: error: {tmp_path}: no SavedModel here (no saved_model.pb)")
