@@ -118,9 +118,9 @@ class FashionMnistModel(Model):
     async def __call__(self, body: dict | InferRequest, headers: dict[str, str] | None = None,
                        verb: InferenceVerb = InferenceVerb.PREDICT) -> tuple[dict | InferResponse, dict]:
         """KServe's Model.__call__ for a model without preprocess or postprocess steps: `predict`,
-        timed in KServe's request_predict_seconds as there. Its generic path (three histograms' label
-        lookups, coroutine checks, six clock reads a request) was about a tenth of the server's CPU
-        under load (docs/results/serving-benchmark.md). Other verbs go the generic way."""
+        timed in KServe's request_predict_seconds as there, without the generic path's three
+        histograms' label lookups, coroutine checks and clock reads per request, a share of the
+        server's CPU under load (docs/results/serving-benchmark.md). Other verbs go the generic way."""
         if verb != InferenceVerb.PREDICT:
             return await super().__call__(body, headers, verb)
         response_headers: dict[str, str] = {}

@@ -347,8 +347,8 @@ def without_kserve_timing(app: FastAPI) -> None:
 
 def without_access_log() -> None:
     """No uvicorn access line per request: uvicorn's own `access_log=False`, which KServe does not
-    expose. Its protocols check for handlers per connection; the line cost a seventh of the server's
-    CPU under load (docs/results/serving-benchmark.md), and dist_ml_requests counts the same requests."""
+    expose (its protocols check for handlers per connection). The line was a large share of the
+    server's CPU under load (docs/results/serving-benchmark.md); dist_ml_requests counts the same."""
     access = logging.getLogger("uvicorn.access")
     access.handlers, access.propagate = [], False
 
