@@ -70,6 +70,23 @@ def pod_failure(pod: dict) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class CustomResource:
+    kind: str
+    group: str
+    version: str
+    plural: str
+
+    def what(self, namespace: str, name: str) -> str:
+        """How an error names one object: `TFJob dist-ml/train-cnn`."""
+        return f"{self.kind} {namespace}/{name}"
+
+
+INFERENCE_SERVICE = CustomResource("InferenceService", ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL)
+HTTP_ROUTE = CustomResource("HTTPRoute", ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL)
+TFJOB = CustomResource("TFJob", TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL)
+
+
 class KubernetesApi:
     """The API as the pod's own service account (or the local kubeconfig outside a pod) reaches it,
     with the client's errors the cluster steps handle made theirs."""
@@ -114,45 +131,51 @@ class KubernetesApi:
         pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
         return self._api.sanitize_for_serialization(pods)["items"]
 
+    # One custom resource's calls, with the kind and name in any error: each step's adapter below
+    # names the resources and calls it makes.
+    def _get_custom(self, resource: CustomResource, namespace: str, name: str) -> dict | None:
+        return self._or_none(resource.what(namespace, name),
+                             lambda: self._objects.get_namespaced_custom_object(
+                                 resource.group, resource.version, namespace, resource.plural, name))
+
+    def _create_custom(self, resource: CustomResource, namespace: str, manifest: dict) -> None:
+        self._call(resource.what(namespace, manifest["metadata"]["name"]),
+                   lambda: self._objects.create_namespaced_custom_object(
+                       resource.group, resource.version, namespace, resource.plural, manifest))
+
+    def _replace_custom(self, resource: CustomResource, namespace: str, name: str, manifest: dict) -> None:
+        self._call(resource.what(namespace, name), lambda: self._objects.replace_namespaced_custom_object(
+            resource.group, resource.version, namespace, resource.plural, name, manifest))
+
+    def _delete_custom(self, resource: CustomResource, namespace: str, name: str, **options: str) -> None:
+        self._call(resource.what(namespace, name), lambda: self._objects.delete_namespaced_custom_object(
+            resource.group, resource.version, namespace, resource.plural, name, **options))
+
 
 class ReleaseApi(KubernetesApi):
     """cluster_steps.release's Cluster: InferenceServices, the route, the predictor's Deployment,
     pods and their /metrics."""
 
     def get_inference_service(self, namespace: str, name: str) -> dict | None:
-        what = f"InferenceService {namespace}/{name}"
-        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
+        return self._get_custom(INFERENCE_SERVICE, namespace, name)
 
     def create_inference_service(self, namespace: str, manifest: dict) -> None:
-        what = f"InferenceService {namespace}/{manifest['metadata']['name']}"
-        self._call(what, lambda: self._objects.create_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, manifest))
+        self._create_custom(INFERENCE_SERVICE, namespace, manifest)
 
     def replace_inference_service(self, namespace: str, name: str, manifest: dict) -> None:
-        what = f"InferenceService {namespace}/{name}"
-        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name, manifest))
+        self._replace_custom(INFERENCE_SERVICE, namespace, name, manifest)
 
     def delete_inference_service(self, namespace: str, name: str) -> None:
-        what = f"InferenceService {namespace}/{name}"
-        self._call(what, lambda: self._objects.delete_namespaced_custom_object(
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name))
+        self._delete_custom(INFERENCE_SERVICE, namespace, name)
 
     def get_http_route(self, namespace: str, name: str) -> dict | None:
-        what = f"HTTPRoute {namespace}/{name}"
-        return self._or_none(what, lambda: self._objects.get_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name))
+        return self._get_custom(HTTP_ROUTE, namespace, name)
 
     def create_http_route(self, namespace: str, manifest: dict) -> None:
-        what = f"HTTPRoute {namespace}/{manifest['metadata']['name']}"
-        self._call(what, lambda: self._objects.create_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, manifest))
+        self._create_custom(HTTP_ROUTE, namespace, manifest)
 
     def replace_http_route(self, namespace: str, name: str, manifest: dict) -> None:
-        what = f"HTTPRoute {namespace}/{name}"
-        self._call(what, lambda: self._objects.replace_namespaced_custom_object(
-            ROUTE_GROUP, ROUTE_VERSION, namespace, ROUTE_PLURAL, name, manifest))
+        self._replace_custom(HTTP_ROUTE, namespace, name, manifest)
 
     def get_deployment(self, namespace: str, name: str) -> dict | None:
         deployment = self._or_none(f"Deployment {namespace}/{name}",
@@ -181,16 +204,12 @@ class TrainApi(KubernetesApi):
     """cluster_steps.train's Cluster: the step's TFJob and its pods."""
 
     def get_tfjob(self, namespace: str, name: str) -> dict | None:
-        return self._or_none(f"TFJob {namespace}/{name}", lambda: self._objects.get_namespaced_custom_object(
-            TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name))
+        return self._get_custom(TFJOB, namespace, name)
 
     def create_tfjob(self, namespace: str, manifest: dict) -> None:
-        self._call(f"TFJob {namespace}/{manifest['metadata']['name']}",
-                   lambda: self._objects.create_namespaced_custom_object(
-                       TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, manifest))
+        self._create_custom(TFJOB, namespace, manifest)
 
     def delete_tfjob(self, namespace: str, name: str) -> None:
         """Deletes the job and, before it is gone, its pods (foreground); one already gone is fine."""
         with contextlib.suppress(NotFound):
-            self._call(f"TFJob {namespace}/{name}", lambda: self._objects.delete_namespaced_custom_object(
-                TFJOB_GROUP, TFJOB_VERSION, namespace, TFJOB_PLURAL, name, propagation_policy="Foreground"))
+            self._delete_custom(TFJOB, namespace, name, propagation_policy="Foreground")
