@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_module, train_args
+from conftest import train_args
 from PIL import Image
 
 from trainer import fashion_mnist
@@ -30,7 +30,7 @@ from trainer.launch import (
     wait_for_workers,
 )
 
-pytestmark = pytest.mark.slow  # trains with parameter servers and runs the local pipeline
+pytestmark = pytest.mark.slow  # trains with parameter servers
 
 EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
 DEADLINE_SECONDS = 300
@@ -122,46 +122,45 @@ def assert_serves(export_dir: Path, data_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def ps_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Worker]]:
-    """`cnn` trained for a few steps by a chief, two workers and one parameter server."""
+def lost_worker_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Worker]]:
+    """`cnn` trained by a chief, two workers and one parameter server, worker 1 killed after the
+    chief's first epoch: one job for the tests of a run and of a lost worker (each job costs four
+    TensorFlow processes)."""
     work_dir = tmp_path_factory.mktemp("parameter-server")
-    workers = start_workers(train_args("cnn", data_dir, work_dir, "--epochs", "2", "--steps-per-epoch", "6"),
-                            num_workers=2, log_dir=work_dir / "logs", parameter_servers=1)
-    wait_for_workers(workers)
-    return work_dir / "export", workers
-
-
-def test_two_workers_and_a_parameter_server_train_and_export_a_model_that_serves(ps_run, data_dir):
-    export_dir, workers = ps_run
-    assert sorted(w.name for w in workers) == ["chief 0", "ps 0", "worker 0", "worker 1"]
-    metrics = json.loads((export_dir / "metrics.json").read_text())
-    assert metrics["workers"] == 2  # the chief coordinates, it computes no steps
-    assert metrics["epochs"] == 2 and metrics["steps_per_epoch"] == 6
-    assert metrics["global_batch_size"] == 64  # as sync's: 32 per replica x 2, in one worker's step
-    assert metrics["validation"]["examples"] == 50
-    assert_serves(export_dir, data_dir)
-
-
-def test_workers_and_parameter_servers_are_stopped_when_the_chief_ends(ps_run):
-    _, workers = ps_run
-    assert [w.process.returncode for w in workers if w.task_type == "chief"] == [0]
-    # Neither exits by itself (tf.distribute.Server.join): the launcher's SIGTERM ended them.
-    assert {w.name: w.process.returncode for w in workers if w.task_type != "chief"} == {
-        "worker 0": -signal.SIGTERM, "worker 1": -signal.SIGTERM, "ps 0": -signal.SIGTERM}
-
-
-def test_a_worker_killed_mid_run_is_tolerated_and_the_run_ends_in_an_export(data_dir, tmp_path):
-    workers = start_workers(train_args("cnn", data_dir, tmp_path, *LONG_RUN), num_workers=2,
-                            log_dir=tmp_path / "logs", parameter_servers=1)
+    workers = start_workers(train_args("cnn", data_dir, work_dir, *LONG_RUN), num_workers=2,
+                            log_dir=work_dir / "logs", parameter_servers=1)
     try:
         wait_for_epochs(by_name(workers, "chief 0"), 1, workers)
         by_name(workers, "worker 1").process.send_signal(signal.SIGKILL)
         wait_for_workers(workers)  # restarts the lost worker, as TFJob's restartPolicy OnFailure
     finally:
         stop_workers(workers)
+    return work_dir / "export", workers
+
+
+def test_two_workers_and_a_parameter_server_train_and_export_a_model_that_serves(lost_worker_run, data_dir):
+    export_dir, workers = lost_worker_run
+    assert sorted(w.name for w in workers) == ["chief 0", "ps 0", "worker 0", "worker 1"]
+    metrics = json.loads((export_dir / "metrics.json").read_text())
+    assert metrics["workers"] == 2  # the chief coordinates, it computes no steps
+    assert metrics["epochs"] == 6 and metrics["steps_per_epoch"] == 30
+    assert metrics["global_batch_size"] == 32  # as sync's: 16 per replica x 2, in one worker's step
+    assert metrics["validation"]["examples"] == 50
+    assert_serves(export_dir, data_dir)
+
+
+def test_workers_and_parameter_servers_are_stopped_when_the_chief_ends(lost_worker_run):
+    _, workers = lost_worker_run
+    assert [w.process.returncode for w in workers if w.task_type == "chief"] == [0]
+    # Neither exits by itself (tf.distribute.Server.join): the launcher's SIGTERM ended them.
+    assert {w.name: w.process.returncode for w in workers if w.task_type != "chief"} == {
+        "worker 0": -signal.SIGTERM, "worker 1": -signal.SIGTERM, "ps 0": -signal.SIGTERM}
+
+
+def test_a_worker_killed_mid_run_is_tolerated_and_the_run_ends_in_an_export(lost_worker_run):
+    _, workers = lost_worker_run
     assert by_name(workers, "worker 1").restarts == 1
     assert read_epochs(by_name(workers, "chief 0").log_path) == [1, 2, 3, 4, 5, 6]
-    assert_serves(tmp_path / "export", data_dir)
 
 
 def test_a_restarted_chief_resumes_from_its_checkpoint(data_dir, tmp_path):
@@ -204,31 +203,3 @@ def test_a_lost_parameter_server_fails_the_job_and_the_rerun_resumes(data_dir, t
     assert f"resuming from backup at epoch {completed + 1}/6" in chief_log.read_text()
     assert read_epochs(chief_log) == list(range(completed + 1, 7))
     assert_serves(tmp_path / "export", data_dir)
-
-
-def test_the_local_pipeline_trains_with_parameter_servers_publishes_and_serves(sample_dir, tmp_path):
-    """`make demo STRATEGY=parameter-server` in small: one variant under parameter servers and one
-    synchronous beside it (strategy per variant), then a switch of strategy retrains (memo key)."""
-    root = tmp_path / "root"
-    config = tmp_path / "pipeline.yaml"
-    # No parameterServers key (default 1): it would be an error once --strategy sync overrides.
-    config.write_text("pipeline:\n  variants: [cnn, cnn_dropout]\n  strategy: {cnn: parameter-server}\n")
-    args = ["run", "--config", str(config), "--data-source", str(sample_dir), "--storage-root", str(root),
-            "--workers", "2", "--epochs", "1", "--steps-per-epoch", "3", "--batch-size-per-replica", "8"]
-    first = run_module("pipeline", *args)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "train-cnn: started (2 workers, a chief, 1 parameter server(s))" in first.stdout
-    assert "train-cnn-dropout: started (2 workers)" in first.stdout
-    logs = next(root.glob("logs/*"))
-    assert sorted(p.name for p in (logs / "train-cnn").iterdir()) == [
-        "chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
-    assert "train[chief:0]: exported" in (logs / "train-cnn" / "chief-0.log").read_text()
-    assert "published: fmnist version 1" in first.stdout
-    assert re.search(r"serve: ready in [0-9.]+s at http://127\.0\.0\.1:\d+; test image 0", first.stdout)
-    metrics = json.loads((root / "exports" / "cnn" / "metrics.json").read_text())
-    assert (metrics["workers"], metrics["global_batch_size"]) == (2, 16)
-
-    switched = run_module("pipeline", *args, "--strategy", "sync")
-    assert switched.returncode == 0, switched.stdout[-3000:] + switched.stderr[-3000:]
-    assert "train-cnn: started (2 workers)\n" in switched.stdout  # not the parameter-server export
-    assert "train-cnn-dropout: memoized" in switched.stdout

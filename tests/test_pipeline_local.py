@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow  # runs the whole local pipeline
 
 FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8"]
 EPOCH_LOGGED = re.compile(r"train\[worker:0\]: epoch 1/")
+EPOCH_END = re.compile(r"\]: epoch (\d+)/\d+ loss=")
 
 
 def run_args(sample_dir: Path, root: Path, *flags: str) -> list[str]:
@@ -64,6 +65,10 @@ def wait_for_log(root: Path, step: str, pattern: re.Pattern, process: subprocess
     raise AssertionError(f"{step} did not log {pattern.pattern} in {timeout}s")
 
 
+def read_epochs(log_text: str) -> list[int]:
+    return [int(match.group(1)) for match in EPOCH_END.finditer(log_text)]
+
+
 def kill_tree(process: subprocess.Popen) -> None:
     if process.poll() is None:
         for child in psutil.Process(process.pid).children(recursive=True):
@@ -78,24 +83,38 @@ def trainers(pipeline: subprocess.Popen) -> list[psutil.Process]:
             if "trainer.train" in child.cmdline()]
 
 
-def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_dir, tmp_path):
+def test_two_variants_one_under_parameter_servers_publish_version_1_serve_it_then_a_rerun_memoizes(
+        sample_dir, tmp_path):
+    """`make demo` in small, with `cnn` under parameter servers beside a synchronous variant (the
+    strategy is per variant), then the same run memoized, then a changed run's canary."""
     root = tmp_path / "root"
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("pipeline:\n  strategy: {cnn: parameter-server}\n")
     # Nothing listens on port 9: the mirror is unreachable and ingest falls back to the sample.
-    args = [*run_args(sample_dir, root, "--variants", "cnn", "cnn_dropout"),
-            "--data-source", "http://127.0.0.1:9/", "--fallback-source", str(sample_dir), "--epochs", "2"]
+    unreachable = ["--data-source", "http://127.0.0.1:9/", "--fallback-source", str(sample_dir)]
+    args = [*run_args(sample_dir, root, "--variants", "cnn", "cnn_dropout", "--config", str(config)),
+            *unreachable, "--epochs", "2"]
     first = run_module("pipeline", *args)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert re.search(r"\] ingest: WARNING: http://127\.0\.0\.1:9/\S+: unreachable .*; using the fallback ",
                      first.stdout)
     for step in ("ingest", "train-cnn", "train-cnn-dropout", "select"):
         assert re.search(rf"\] {step}: finished in [0-9.]+s", first.stdout), step
+    assert "train-cnn: started (2 workers, a chief, 1 parameter server(s))" in first.stdout
+    assert "train-cnn-dropout: started (2 workers)" in first.stdout
+    (logs,) = root.glob("logs/*")
+    assert sorted(p.name for p in (logs / "train-cnn").iterdir()) == [
+        "chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert sorted(p.name for p in (logs / "train-cnn-dropout").iterdir()) == ["worker-0.log", "worker-1.log"]
+    assert "train[chief:0]: exported" in (logs / "train-cnn" / "chief-0.log").read_text()
+    metrics = json.loads((root / "exports" / "cnn" / "metrics.json").read_text())
+    assert (metrics["workers"], metrics["global_batch_size"]) == (2, 16)  # 8 per replica x 2
     # validation and test accuracy, then the train time
     assert re.search(r"^cnn_dropout +[01]\.\d{4} +[01]\.\d{4} +[0-9.]+s", first.stdout, re.MULTILINE)
     assert "published: fmnist version 1" in first.stdout
     assert re.search(r"serve: ready in [0-9.]+s at http://127\.0\.0\.1:\d+; test image 0 \(a \w[\w -]*\) "
                      r"-> \w[\w -]* \(\d+\.\d%\)", first.stdout)
     assert (root / "models" / "fmnist" / "1" / "saved_model.pb").is_file()
-    assert len(list(root.glob("logs/*/train-cnn/worker-*.log"))) == 2
     assert re.search(r"\] rollout: no canary$", first.stdout, re.MULTILINE)  # the first version
 
     second = run_module("pipeline", *args)
@@ -106,12 +125,14 @@ def test_two_variants_publish_version_1_serve_it_then_a_rerun_memoizes(sample_di
     assert "serve: ready" in second.stdout
 
     # A small canary, so that its decision comes after a few dozen requests; forced to roll back.
-    config = tmp_path / "rollout.yaml"
-    config.write_text("pipeline:\n  rollout: {canaryPercent: 50, minRequests: 20, maxWait: 60s}\n")
-    changed = run_module("pipeline", *args[:-2], "--epochs", "1", "--config", str(config),
-                         "--rollout", "rollback")
+    # One variant, synchronous, for one epoch: a change of what is trained, and less to train.
+    canary_config = tmp_path / "canary.yaml"
+    canary_config.write_text("pipeline:\n  rollout: {canaryPercent: 50, minRequests: 20, maxWait: 60s}\n")
+    changed = run_module("pipeline", *run_args(sample_dir, root, "--variants", "cnn"), *unreachable,
+                         "--epochs", "1", "--config", str(canary_config), "--rollout", "rollback")
     assert changed.returncode == 0, changed.stderr[-3000:]
-    assert "ingest: memoized" in changed.stdout and "train-cnn: finished" in changed.stdout
+    assert "ingest: memoized" in changed.stdout and "train-cnn: started (2 workers)\n" in changed.stdout
+    assert "train-cnn: finished" in changed.stdout
     # Retrained and selected again; the promotion gate decides on validation data whether the new
     # winner replaces version 1 (trainer.select's tests pin the rule): either way one line says so.
     decision = re.search(r"^(published: fmnist version 2|not promoted: .*; serving fmnist version 1) ",
@@ -145,8 +166,14 @@ def test_a_killed_worker_restarts_the_step_which_resumes_and_completes(sample_di
     output = (tmp_path / "out.txt").read_text()
     assert re.search(r"train-cnn: worker \d exited with status -9; restarting all 2 \(retry 1/2\)", output)
     assert "published: fmnist version 1" in output
+    # Both attempts log to the same file: the second resumes right after the last epoch logged (an
+    # epoch's line comes after its backup is written) and trains each remaining epoch once.
     (chief_log,) = root.glob("logs/*/train-cnn/worker-0.log")
-    assert re.search(r"resuming from backup at epoch [2-6]/6", chief_log.read_text())
+    first_attempt, resumed, second_attempt = chief_log.read_text().partition("resuming from backup at ")
+    assert resumed, chief_log.read_text()[-3000:]
+    completed = max(read_epochs(first_attempt))
+    assert second_attempt.startswith(f"epoch {completed + 1}/6\n")
+    assert read_epochs(second_attempt) == list(range(completed + 1, 7))
 
 
 def test_after_the_retries_the_run_fails_naming_the_step_and_its_log(sample_dir, tmp_path):
@@ -181,7 +208,9 @@ def test_ctrl_c_mid_training_stops_every_child_and_the_next_run_works(sample_dir
     _, alive = psutil.wait_procs(children, timeout=5)
     assert alive == []
 
-    rerun = run_module("pipeline", *args[:-2], "--epochs", "2", timeout=300)
+    # One of the interrupted variants (the other's leftovers stay beside it), for less to train.
+    rerun = run_module("pipeline", *run_args(sample_dir, root, "--variants", "cnn", "--epochs", "2"),
+                       timeout=300)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert "ingest: memoized" in rerun.stdout and "published: fmnist version 1" in rerun.stdout
 

@@ -1,12 +1,10 @@
-"""Training with real worker processes, the serving export, resuming after a lost worker."""
+"""Training with real worker processes, the serving export, refusals of bad arguments. (Resuming after
+a lost worker: tests/test_pipeline_local.py, through the engine that restarts the step.)"""
 
 from __future__ import annotations
 
 import io
 import json
-import re
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +15,8 @@ from PIL import Image
 
 from trainer import fashion_mnist, train
 from trainer.atomic import is_committed
-from trainer.launch import start_workers, stop_workers, wait_for_workers
 
 pytestmark = pytest.mark.slow  # trains worker processes
-
-EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
 
 
 def encode(pixels: np.ndarray, image_format: str = "PNG", size: int = 28,
@@ -74,36 +69,6 @@ def test_serving_default_takes_jpeg_colour_and_other_sizes(two_worker_export, te
     result = loaded.signatures["serving_default"](image_bytes=tf.constant(images))
     assert result["probabilities"].shape == (2, 10)
     assert result["class_id"].shape == (2,)
-
-
-def read_epochs(log: Path) -> list[int]:
-    return [int(match.group(1)) for match in EPOCH_END.finditer(log.read_text(errors="replace"))]
-
-
-def test_killed_worker_resumes_from_the_last_completed_epoch(data_dir, tmp_path):
-    args = train_args("cnn", data_dir, tmp_path, "--epochs", "6", "--steps-per-epoch", "40",
-                      "--batch-size-per-replica", "16")
-    workers = start_workers(args, num_workers=2, log_dir=tmp_path / "run-1")
-    chief_log = workers[0].log_path
-    deadline = time.monotonic() + 300
-    try:
-        while len(read_epochs(chief_log)) < 2:
-            assert time.monotonic() < deadline, chief_log.read_text()[-3000:]
-            assert all(w.process.poll() is None for w in workers), chief_log.read_text()[-3000:]
-            time.sleep(0.05)
-        workers[1].process.send_signal(signal.SIGKILL)
-    finally:
-        stop_workers(workers)  # the TFJob controller restarts the whole set
-    completed = max(read_epochs(chief_log))
-    assert 2 <= completed < 6
-
-    restarted = start_workers(args, num_workers=2, log_dir=tmp_path / "run-2")
-    wait_for_workers(restarted)
-
-    resumed_log = restarted[0].log_path.read_text()
-    assert f"resuming from backup at epoch {completed + 1}/6" in resumed_log
-    assert read_epochs(restarted[0].log_path) == list(range(completed + 1, 7))
-    assert (tmp_path / "export" / "saved_model.pb").is_file()
 
 
 BAD_ARGUMENTS = [
