@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,15 @@ def run_module(module: str, *args: str, env: dict[str, str] | None = None,
         cwd=REPO_ROOT, env={**os.environ, **(env or {})},
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+# trainer.train's line at the end of each epoch, "train[worker:0]: epoch 2/6 loss=...".
+EPOCH_END = re.compile(r"\]: epoch (\d+)/\d+ loss=")
+
+
+def epochs_logged(log_text: str) -> list[int]:
+    """The numbers of the epochs a trainer's log says ended, in order."""
+    return [int(match.group(1)) for match in EPOCH_END.finditer(log_text)]
 
 
 def last_line(text: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import signal
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import train_args
+from conftest import epochs_logged, train_args
 from PIL import Image
 
 from trainer import fashion_mnist
@@ -32,7 +31,6 @@ from trainer.launch import (
 
 pytestmark = pytest.mark.slow  # trains with parameter servers
 
-EPOCH_END = re.compile(r"\]: epoch (\d+)/(\d+) loss=")
 DEADLINE_SECONDS = 300
 # Long enough that a replica can be killed between two epochs, short enough for 2 shared cores.
 LONG_RUN = ("--epochs", "6", "--steps-per-epoch", "30", "--batch-size-per-replica", "16")
@@ -85,7 +83,7 @@ def test_a_parameter_server_exiting_or_the_chief_failing_fails_the_job_at_once(t
 
 
 def read_epochs(log: Path) -> list[int]:
-    return [int(match.group(1)) for match in EPOCH_END.finditer(log.read_text(errors="replace"))]
+    return epochs_logged(log.read_text(errors="replace"))
 
 
 def by_name(workers: list[Worker], name: str) -> Worker:

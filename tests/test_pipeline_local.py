@@ -17,7 +17,7 @@ from typing import Callable
 
 import psutil
 import pytest
-from conftest import REPO_ROOT, last_line, run_module
+from conftest import REPO_ROOT, epochs_logged, last_line, run_module
 
 from pipeline import local
 from pipeline.config import parse_config
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.slow  # runs the whole local pipeline
 
 FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8"]
 EPOCH_LOGGED = re.compile(r"train\[worker:0\]: epoch 1/")
-EPOCH_END = re.compile(r"\]: epoch (\d+)/\d+ loss=")
 
 
 def run_args(sample_dir: Path, root: Path, *flags: str) -> list[str]:
@@ -63,10 +62,6 @@ def wait_for_log(root: Path, step: str, pattern: re.Pattern, process: subprocess
                 return
         time.sleep(0.2)
     raise AssertionError(f"{step} did not log {pattern.pattern} in {timeout}s")
-
-
-def read_epochs(log_text: str) -> list[int]:
-    return [int(match.group(1)) for match in EPOCH_END.finditer(log_text)]
 
 
 def kill_tree(process: subprocess.Popen) -> None:
@@ -171,9 +166,9 @@ def test_a_killed_worker_restarts_the_step_which_resumes_and_completes(sample_di
     (chief_log,) = root.glob("logs/*/train-cnn/worker-0.log")
     first_attempt, resumed, second_attempt = chief_log.read_text().partition("resuming from backup at ")
     assert resumed, chief_log.read_text()[-3000:]
-    completed = max(read_epochs(first_attempt))
+    completed = max(epochs_logged(first_attempt))
     assert second_attempt.startswith(f"epoch {completed + 1}/6\n")
-    assert read_epochs(second_attempt) == list(range(completed + 1, 7))
+    assert epochs_logged(second_attempt) == list(range(completed + 1, 7))
 
 
 def test_after_the_retries_the_run_fails_naming_the_step_and_its_log(sample_dir, tmp_path):
