@@ -1,6 +1,6 @@
-"""The local engine end to end on the sample: publish and serve, memoize, a new version's canary and
-its forced rollback, retry a lost worker, stop every child on Ctrl-C or SIGTERM, however the process
-was started."""
+"""The local engine end to end on the sample: a variant under parameter servers beside a synchronous
+one, publish and serve, memoize, a new version's canary and its forced rollback, retry a lost worker
+and resume, stop every child on Ctrl-C or SIGTERM, however the process was started."""
 
 from __future__ import annotations
 
