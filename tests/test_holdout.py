@@ -83,7 +83,6 @@ def test_command_measures_the_latest_committed_version(constant_export, tmp_path
     assert measured["model_dir"].endswith("fmnist/1")
 
 
-
 def test_command_measures_a_model_directory_in_words(constant_export, capsys):
     holdout_accuracy.run(["--model-dir", str(constant_export)])  # in process: its entry point
     assert last_line(capsys.readouterr().out).startswith("holdout accuracy 0.1000 on 300 unseen images")

@@ -29,6 +29,7 @@ import collections
 import dataclasses
 import fnmatch
 import graphlib
+from collections.abc import Sequence
 from pathlib import Path
 
 from conftest import REPO_ROOT
@@ -72,11 +73,11 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def project_modules(root: Path) -> dict[str, Path]:
-    """Every module of the project's packages under `root`, by dotted name."""
+def project_modules(root: Path, packages: Sequence[str] = PROJECT_PACKAGES) -> dict[str, Path]:
+    """Every module of the project's packages (or of `packages`) under `root`, by dotted name."""
     return {
         module_name(path, root): path
-        for package in PROJECT_PACKAGES if (root / package).is_dir()
+        for package in packages if (root / package).is_dir()
         for path in sorted((root / package).rglob("*.py"))
         if "__pycache__" not in path.parts
     }

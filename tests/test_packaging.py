@@ -150,9 +150,10 @@ def modules_under(*prefixes: str) -> list[str]:
             if any(name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)]
 
 
-def reached_from(starts: list[str]) -> set[str]:
-    """The modules `starts` and every project module they import (anywhere in them), transitively."""
-    modules = project_modules(REPO_ROOT)
+def reached_from(starts: list[str], modules: dict[str, Path] | None = None) -> set[str]:
+    """The modules `starts` and every project module (or one of `modules`) they import (anywhere in
+    them), transitively."""
+    modules = project_modules(REPO_ROOT) if modules is None else modules
     pending = list(starts)
     reached: set[str] = set()
     while pending:
@@ -353,20 +354,9 @@ def test_what_each_program_imports_is_in_the_environment_it_runs_in(starts, requ
 
 def test_the_virtualenv_builder_imports_the_standard_library_alone() -> None:
     """`make test` runs tools.virtualenvs with the system python, beside the install of .venv."""
-    def module_file(target: str) -> Path | None:  # `from tools.lock import ROOT` names tools.lock.ROOT
-        parts = target.split(".")
-        candidates = (REPO_ROOT / Path(*parts[:n]).with_suffix(".py") for n in (len(parts), len(parts) - 1))
-        return next((path for path in candidates if path.is_file()), None)
-
-    pending, reached, outside = [REPO_ROOT / "tools" / "virtualenvs.py"], set(), {}
-    while pending:
-        path = pending.pop()
-        reached.add(path.stem)
-        for found in imports_of(path, f"tools.{path.stem}", REPO_ROOT):
-            top = found.target.split(".")[0]
-            if top == "tools":
-                if (module := module_file(found.target)) and module.stem not in reached:
-                    pending.append(module)
-            elif top not in sys.stdlib_module_names:
-                outside[found.target] = f"{found.path}:{found.line}"
-    assert reached == {"virtualenvs", "lock"} and not outside, (reached, outside)
+    modules = project_modules(REPO_ROOT, (*PROJECT_PACKAGES, "tools"))
+    reached = reached_from(["tools.virtualenvs"], modules)
+    outside = {found.target: f"{found.path}:{found.line}" for name in reached
+               for found in imports_of(modules[name], name, REPO_ROOT)
+               if found.target.split(".")[0] not in {"tools", *sys.stdlib_module_names}}
+    assert reached == {"tools.virtualenvs", "tools.lock"} and not outside, (reached, outside)
