@@ -3,8 +3,10 @@ operator, and a Grafana dashboard of the system (request rate, latency p50/p99, 
 TFJob outcomes).
 
 Each monitor names a port that exists: our server serves /metrics on its HTTP port, which the
-InferenceService names; the training operator's container port 8080 has no name upstream, its
-Service's port does (`monitoring-port`). KServe's TF Serving runtime serves no Prometheus metrics
+InferenceService names; the predictor's monitor covers the stable and the canary InferenceService and
+labels their series with which one (what KEDA's queries select, cluster_steps.names.load_query); the
+training operator's container port 8080 has no name upstream, its Service's port does
+(`monitoring-port`). KServe's TF Serving runtime serves no Prometheus metrics
 unless given a monitoring config, so with runtime `tensorflow` the predictor has no monitor.
 """
 
@@ -16,10 +18,17 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
+from cluster_steps.names import ISVC_LABEL, canary_name
 from pipeline.manifests import PART_OF, PREDICTOR_PORT_NAME
 
 NAMESPACE = "monitoring"
+CHART = "kube-prometheus-stack"
 CHART_REPOSITORY = "https://prometheus-community.github.io/helm-charts"
+# Prometheus's Service port (the chart's prometheus.service.port).
+PROMETHEUS_PORT = 9090
+# How often the predictor's pods are scraped: six samples in the minute KEDA's load queries average
+# over (the chart's default interval is 30 s).
+PREDICTOR_SCRAPE_INTERVAL = "10s"
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
 # The training operator's Service (manifests/base/service.yaml of kubeflow/trainer v1.9.x).
 TRAINING_OPERATOR_SERVICE_LABELS = {"app": "training-operator"}
@@ -62,21 +71,37 @@ def dashboard(namespace: str, model_name: str) -> dict:
     }
 
 
-def monitor(kind: str, name: str, namespace: str, selector: dict, port: str) -> dict:
-    """A PodMonitor or ServiceMonitor scraping /metrics on the named port."""
+def release_name(component: str) -> str:
+    """The Helm release name of the Monitoring component `component`'s chart."""
+    return f"{component}-{CHART}"
+
+
+def prometheus_url(component: str) -> str:
+    """Prometheus's address in the cluster. kube-prometheus-stack 80.4.1 names its Service
+    `<fullname>-prometheus` (templates/prometheus/service.yaml), where fullname, for a release name
+    that contains the chart's name, is the release name cut to 26 characters with a trailing "-"
+    trimmed (templates/_helpers.tpl, kube-prometheus-stack.fullname)."""
+    fullname = release_name(component)[:26].removesuffix("-")
+    return f"http://{fullname}-prometheus.{NAMESPACE}.svc:{PROMETHEUS_PORT}"
+
+
+def monitor(kind: str, name: str, namespace: str, selector: dict, endpoint: dict, **spec: object) -> dict:
+    """A PodMonitor or ServiceMonitor scraping /metrics on `endpoint` (its port, and more)."""
     endpoints = "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind,
             "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
-            "spec": {"selector": {"matchLabels": selector},
-                     endpoints: [{"port": port, "path": "/metrics"}]}}
+            "spec": {"selector": selector, endpoints: [{**endpoint, "path": "/metrics"}], **spec}}
 
 
 def monitors(namespace: str, model_name: str, runtime: str) -> list[dict]:
     found = [monitor("ServiceMonitor", "training-operator", TRAINING_OPERATOR_NAMESPACE,
-                     TRAINING_OPERATOR_SERVICE_LABELS, TRAINING_OPERATOR_METRICS_PORT)]
+                     {"matchLabels": TRAINING_OPERATOR_SERVICE_LABELS},
+                     {"port": TRAINING_OPERATOR_METRICS_PORT})]
     if runtime == "custom":
-        found.append(monitor("PodMonitor", "dist-ml-predictor", namespace,
-                             {"serving.kserve.io/inferenceservice": model_name}, PREDICTOR_PORT_NAME))
+        predictors = {"key": ISVC_LABEL, "operator": "In", "values": [model_name, canary_name(model_name)]}
+        found.append(monitor("PodMonitor", "dist-ml-predictor", namespace, {"matchExpressions": [predictors]},
+                             {"port": PREDICTOR_PORT_NAME, "interval": PREDICTOR_SCRAPE_INTERVAL},
+                             podTargetLabels=[ISVC_LABEL]))
     return found
 
 
@@ -96,7 +121,7 @@ class Monitoring(pulumi.ComponentResource):
         on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE}, opts=on_cluster)
         chart = k8s.helm.v4.Chart(
-            f"{name}-kube-prometheus-stack", chart="kube-prometheus-stack", version=args.chart_version,
+            release_name(name), name=release_name(name), chart=CHART, version=args.chart_version,
             repository_opts={"repo": CHART_REPOSITORY}, namespace=NAMESPACE, values=CHART_VALUES,
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace]))
         after_chart = pulumi.ResourceOptions(parent=self, provider=args.provider,

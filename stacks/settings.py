@@ -15,9 +15,16 @@ from typing import Annotated, Any, ClassVar, Mapping
 from pydantic import Field, Strict, model_validator
 
 from pipeline.argo import SUPPORTED_ARGO_VERSION
-from pipeline.config import PipelineConfig, PipelineSections, PipelineSettings, ServingConfig
+from pipeline.config import (
+    Autoscaling,
+    PipelineConfig,
+    PipelineSections,
+    PipelineSettings,
+    ScalingMetric,
+    ServingConfig,
+)
 from pipeline.manifests import DEFAULT_ARGO_VERSION
-from pipeline.validation import DnsLabel, Section, matching
+from pipeline.validation import DnsLabel, Section, fail, matching
 
 PROJECT = "dist-ml"
 
@@ -37,6 +44,9 @@ class PlatformConfig(Section):
     cert_manager_version: ReleaseTag = Field(
         "v1.17.0", description="cert-manager (what KServe v0.20 documents)")
     kserve_version: ReleaseTag = Field("v0.20.0", description="KServe charts (Standard mode)")
+    keda_version: ChartVersion = Field(
+        "2.18.0", description="KEDA chart (kedacore/keda; what KServe v0.20 pins), installed when "
+                              "serving.autoscaling.metric is inflight or rps")
 
 
 class MonitoringConfig(Section):
@@ -54,9 +64,20 @@ class StackPipeline(PipelineSettings):
     run_on_up: Flag = Field(False, description="also submit one Workflow run on `pulumi up`")
 
 
+class StackAutoscaling(Autoscaling):
+    """`serving.autoscaling` on a stack without monitoring by default (k3d): CPU, as no Prometheus is
+    there to read the load from."""
+    metric: ScalingMetric = Field(
+        "cpu", description="inflight or rps (through KEDA on the stack's Prometheus: needs monitoring), "
+                           "or cpu or memory (KServe's HPA); default: cpu on k3d, inflight on gke")
+
+
 class StackServing(ServingConfig):
     """The `serving` section on a stack."""
-    NOT_HERE: ClassVar[dict[str, str]] = {"httpPort": LOCAL_ENGINE_ONLY}
+    NOT_HERE: ClassVar[dict[str, str]] = {**ServingConfig.NOT_HERE, "httpPort": LOCAL_ENGINE_ONLY}
+    autoscaling: StackAutoscaling = Field(
+        StackAutoscaling(), description="what the replicas follow: {metric, target, scaleDownStabilization, "
+                                        "latencyObjectiveMs}")
 
 
 # --- The base of every kind's stack model -----------------------------------------------------------
@@ -82,6 +103,15 @@ class StackSettings(PipelineSections):
         ours = {field.alias for field in cls.model_fields.values()}
         return {key: value for key, value in raw.items()
                 if key in ours or not str(key).startswith(f"{cls.PROVIDER}:")}
+
+    @model_validator(mode="after")
+    def _load_needs_prometheus(self) -> StackSettings:
+        metric = self.serving.autoscaling.metric
+        if self.serving.autoscaling.on_load and not self.monitoring.enabled:
+            raise fail(f"{metric} is read from the stack's Prometheus, and monitoring.enabled is false: "
+                       "set monitoring.enabled true, or serving.autoscaling.metric cpu",
+                       "serving.autoscaling.metric")
+        return self
 
     def kind_sections(self) -> tuple[Any, Any, Any]:
         """The cluster and storage sections as the stack reads them, and the cloud's settings, if any."""

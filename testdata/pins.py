@@ -6,7 +6,8 @@ The checksums were computed from the byte-for-byte upstream copies in ../shared/
 blob SHAs match the upstream ones named in its README. ../shared does not carry the Gateway API's
 CRDs, so the repository does (testdata/upstream/, the upstream files byte for byte, from the tag's
 tree: git blob 7d5b5811d140950b1849a6ae324691887da50a65 for gateways, 8c272c5d00145e6989320d1180d493d81dfb472a
-for httproutes); they are checked against the same pins as a download would be.
+for httproutes), nor KEDA's ScaledObject CRD (blob 843fab36ed685bb480220b306ffb9305d4c4ed77 at
+v2.18.0); they are checked against the same pins as a download would be.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ KSERVE_V0_20_0 = f"{RAW}/kserve/kserve/1fb781055dd1567164358233e1125142ca6ef1fe"
 GATEWAY_API_V1_2_1 = f"{RAW}/kubernetes-sigs/gateway-api/a8fe5c8732a37ef471d86afaf570ff8ad0ef0221"
 GATEWAY_API_CRDS = "config/crd/standard"
 GATEWAY_API_DIR = "gateway-api-v1.2.1"
+# KEDA v2.18.0 (the release KServe v0.20 pins): the ScaledObject KServe writes for a keda-class predictor.
+# The base CRD, without the install's kustomize patch (config/crd/patches/scaledobject_patch.yaml,
+# which only adds bounds 0-3600 to the stabilization windows).
+KEDA_V2_18_0 = f"{RAW}/kedacore/keda/559e73850876f0c1d2fe915f9c23904608e5e235"
+KEDA_DIR = "keda-v2.18.0"
 # The "full" Argo CRDs (with openAPIV3 schemas); a default v3 install uses the schema-less minimal ones.
 ARGO_FULL_CRDS = "manifests/base/crds/full"
 
@@ -65,6 +71,9 @@ CRD_PINS: dict[str, Pin] = {pin.name: pin for pin in (
     Pin(f"{GATEWAY_API_DIR}/gateway.networking.k8s.io_httproutes.yaml",
         f"{GATEWAY_API_V1_2_1}/{GATEWAY_API_CRDS}/gateway.networking.k8s.io_httproutes.yaml",
         "db36230a2f54ca3f1733bebc9d303d4db16c958856bf2be941a2c6269b872014", 336_031),
+    Pin(f"{KEDA_DIR}/keda.sh_scaledobjects.yaml",
+        f"{KEDA_V2_18_0}/config/crd/bases/keda.sh_scaledobjects.yaml",
+        "44e8d3444bb884ed5c8dc4f1b118944a54fe9c81534048793c20b9394ae1de2c", 21_266),
 )}
 
 # The 600-image sample carried in datasets/fashion-mnist-sample (see its README).

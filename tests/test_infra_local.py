@@ -62,7 +62,7 @@ def test_every_declared_object_validates_against_the_real_schemas(default_stack,
 def test_config_changes_the_objects(validate_crd):
     rendered = render.render("local", stack_values(
         pipeline={"workers": 3, "variants": ["cnn"], "runOnUp": True},
-        serving={"minReplicas": 2, "maxReplicas": 5, "scaleTarget": 50},
+        serving={"minReplicas": 2, "maxReplicas": 5, "autoscaling": {"metric": "cpu", "target": 50}},
         platform={"argoVersion": "v3.7.18", "kserveVersion": "v0.19.0", "trainingOperatorVersion": "v1.9.3"},
         storage={"size": "25Gi"},
     ))
@@ -125,7 +125,10 @@ def test_images_are_tagged_from_their_content(default_stack):
 
 BAD_STACK_CONFIG = [
     ({"cluster": {"agents": 1}}, "cluster.agents: pods on several nodes share the storage volume"),
-    ({"serving": {"scaleMetric": "rps"}}, "serving.scaleMetric: must be one of cpu, memory"),
+    ({"serving": {"scaleMetric": "cpu"}}, "serving.scaleMetric: replaced by serving.autoscaling.metric"),
+    ({"serving": {"autoscaling": {"metric": "inflight"}}},
+     "serving.autoscaling.metric: inflight is read from the stack's Prometheus, and monitoring.enabled "
+     "is false"),
     ({"serving": {"containerConcurrency": 1}}, "serving.containerConcurrency: unknown setting"),
     ({"platform": {"kserveDeploymentMode": "Knative"}}, "platform.kserveDeploymentMode: unknown setting"),
     ({"pipeline": {"workers": 0}}, "pipeline.workers: must be an integer >= 1"),
@@ -140,6 +143,9 @@ BAD_STACK_CONFIG = [
     ({"storage": {"accessMode": "ReadOnlyMany"}}, "storage.accessMode: must be one of"),
     ({"serving": {"runtime": "tensorflow"}},
      "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: TF Serving serves no"),
+    ({"serving": {"runtime": "tensorflow", "autoscaling": {"metric": "rps"}},
+      "monitoring": {"enabled": True}},
+     "serving.autoscaling.metric: rps is read from our server's metrics, and runtime tensorflow"),
 ]
 
 

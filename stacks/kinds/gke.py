@@ -26,9 +26,10 @@ from infra.gke import (
     toleration,
 )
 from infra.registry import RegistryImages, RegistryImagesArgs
+from pipeline.config import Autoscaling, ScalingMetric
 from pipeline.validation import Section, Text, WholeNumber, fail, matching
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
-from stacks.settings import PROJECT, Flag, MonitoringConfig, StackSettings
+from stacks.settings import PROJECT, Flag, MonitoringConfig, StackServing, StackSettings
 
 # Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
 GCP_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
@@ -195,6 +196,18 @@ class GkeMonitoring(MonitoringConfig):
     enabled: Flag = Field(True, description="install monitoring (default: false on k3d, true on gke)")
 
 
+class GkeAutoscaling(Autoscaling):
+    metric: ScalingMetric = Field(
+        "inflight", description="inflight or rps (through KEDA on the stack's Prometheus: needs monitoring), "
+                                "or cpu or memory (KServe's HPA); default: cpu on k3d, inflight on gke")
+
+
+class GkeServing(StackServing):
+    autoscaling: GkeAutoscaling = Field(
+        GkeAutoscaling(), description="what the replicas follow: {metric, target, scaleDownStabilization, "
+                                      "latencyObjectiveMs}")
+
+
 class GkeStack(StackSettings):
     """A stack on a GKE cluster."""
     PROVIDER: ClassVar[str] = "gcp"
@@ -204,6 +217,7 @@ class GkeStack(StackSettings):
     cluster: GkeConfig = Field(description="the GKE cluster")
     storage: GcsConfig = Field(GcsConfig(), description="the bucket every pipeline pod mounts")
     monitoring: GkeMonitoring = Field(GkeMonitoring(), description="Prometheus, Grafana and the dashboard")
+    serving: GkeServing = Field(GkeServing(), description="as in the pipeline's config file")
 
     def kind_sections(self) -> tuple[GkeConfig, GcsConfig, GcpConfig]:
         """cluster.location and storage.bucketName default from gcp:region and gcp:project."""
