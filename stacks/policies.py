@@ -1,8 +1,9 @@
 """Policies over the Kubernetes objects a stack declares, as plain functions of the rendered objects
 (each returns its violations), so that a CrossGuard policy pack can call them later.
 
-Pods hide in many places: Deployments, TFJob replica templates, Argo container templates, the TFJob
-manifests inside Argo resource templates, the InferenceService the serve step rolls out, predictors.
+Pods hide in many places: Deployments, TFJob replica templates, training runtimes' replicated jobs,
+Argo container templates, the TrainJobs and TFJobs the train steps create (a TrainJob's `trainer` is its
+node containers' image and resources), the InferenceService the serve step rolls out, predictors.
 """
 
 from __future__ import annotations
@@ -40,11 +41,16 @@ def name_of(manifest: dict) -> str:
 
 
 def containers(manifest: dict) -> Iterator[tuple[str, dict]]:
-    """(path, container) for every container, and for KServe's built-in predictor `model`."""
+    """(path, container) for every container, for KServe's built-in predictor `model`, and for a
+    TrainJob's `trainer` (its image and resourcesPerNode go into its runtime's node containers)."""
     for where, node in _walk(manifest, name_of(manifest)):
         for key in ("containers", "initContainers"):
             for index, container in enumerate(node.get(key) or []):
                 yield f"{where}.{key}[{index}]", container
+        if isinstance(node.get("trainer"), dict) and "image" in node["trainer"]:
+            trainer = node["trainer"]
+            yield f"{where}.trainer", {"image": trainer["image"],
+                                       "resources": trainer.get("resourcesPerNode")}
         if isinstance(node.get("container"), dict):
             yield f"{where}.container", node["container"]
         if isinstance(node.get("model"), dict) and "modelFormat" in node["model"]:

@@ -1,6 +1,7 @@
 """What each actor on the cluster does, checked against what the stacks declare, the way the cluster
-would check it: Argo's controller and the workflow's pods, the TFJob pods, KServe's predictor and
-storage initializer, the request logger, Prometheus, and the order in which things must exist.
+would check it: Argo's controller and the workflow's pods, Kueue's webhook and its admission,
+Kubeflow Trainer v2's controller and JobSet's, the training pods, KServe's predictor and storage
+initializer, the request logger, Prometheus, and the order in which things must exist.
 Every test runs on both stacks' rendered objects (under Pulumi mocks) where the actor exists on both.
 """
 
@@ -9,20 +10,34 @@ from __future__ import annotations
 import json
 import re
 
+import cluster_actors
 import pytest
+import stack_checks
 import yaml
 from conftest import REPO_ROOT
-from stack_checks import PUBLISHED_VERSION, embedded, objects_of
+from stack_checks import (
+    PUBLISHED_VERSION,
+    WORKFLOW_NAME,
+    admitted_jobset,
+    embedded,
+    named,
+    objects_of,
+    runtime_of,
+    template_of,
+    train_steps,
+    training_pods,
+)
 
 from cluster_steps import names as cluster_names
 from cluster_steps import release as rollout
 from infra import gke as gke_infra
 from infra import k3d
-from infra.pipeline import WORKFLOW_POD_RULES
+from infra.pipeline import workflow_pod_rules
 from pipeline import argo
 from pipeline.definition import Layout
-from pipeline.manifests import IMAGE_USER
+from pipeline.manifests import GPU_RESOURCE, IMAGE_USER
 from stacks import render
+from trainer.cluster import LOCAL_ADDRESSES_ENV, TF_PORT_NAME, cluster_from_environment, local_tasks
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
 WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"
@@ -33,12 +48,12 @@ ACTION_VERBS = {"create": {"create"}, "apply": {"get", "create", "patch"}, "dele
                 "patch": {"get", "patch"}}
 # Who creates the namespaces the platform's own manifests put objects in (k3s's kube-system comes with
 # the cluster: only the local stack puts an object there, Traefik's HelmChartConfig).
-NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "cert-manager": "platform-cert-manager",
-                      "kube-system": "cluster-cluster"}
+NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "kubeflow-system": "platform-trainer",
+                      "cert-manager": "platform-cert-manager", "kube-system": "cluster-cluster"}
 
 
-def stack_values(stack: str) -> dict[str, str]:
-    values = render.pulumi_values(REPO_ROOT / f"Pulumi.{stack}.yaml")
+def stack_values(stack: str, **sections: dict) -> dict[str, str]:
+    values = stack_checks.stack_values(REPO_ROOT / f"Pulumi.{stack}.yaml", **sections)
     if stack == "gke":
         values.update({"gcp:project": PROJECT, "gcp:region": REGION})
     return values
@@ -57,17 +72,6 @@ def gke() -> render.Rendered:
 @pytest.fixture(scope="module")
 def local() -> render.Rendered:
     return render.render("local", stack_values("local"))
-
-
-def template_of(rendered: render.Rendered) -> dict:
-    (template,) = objects_of(rendered, "WorkflowTemplate")
-    return template
-
-
-def named(rendered: render.Rendered, kind: str, name: str, namespace: str | None = None) -> dict:
-    (found,) = [o for o in objects_of(rendered, kind) if o["metadata"]["name"] == name
-                and (namespace is None or o["metadata"].get("namespace") == namespace)]
-    return found
 
 
 def grants(rendered: render.Rendered, namespace: str, account_namespace: str, account: str) -> set[tuple]:
@@ -107,7 +111,9 @@ def workflow_pod_needs(template: dict) -> set[tuple]:
         elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.RELEASE_MODULE]:
             needs |= set(cluster_names.API_CALLS)
         elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.TRAIN_STEP_MODULE]:
-            needs |= set(cluster_names.TFJOB_STEP_CALLS)
+            engine = {"TrainJob": cluster_names.TRAINJOB_ENGINE, "TFJob": cluster_names.TFJOB_ENGINE}[
+                embedded(template, step["name"])["kind"]]
+            needs |= set(cluster_names.TRAIN_STEP_CALLS[engine])
     return needs
 
 
@@ -130,13 +136,14 @@ def test_the_workflow_pods_hold_exactly_what_their_templates_do(stack):
     account = template["spec"]["serviceAccountName"]
     assert named(stack, "ServiceAccount", account, namespace)
     assert grants(stack, namespace, namespace, account) == workflow_pod_needs(template)
-    assert not any(rule["resources"] == ["configmaps"] for rule in WORKFLOW_POD_RULES)
+    assert not any(rule["resources"] == ["configmaps"] for engine in cluster_names.TRAIN_STEP_CALLS
+                   for rule in workflow_pod_rules(engine))
 
 
-def test_tfjob_pods_the_predictor_and_the_logger_have_their_own_accounts_with_no_rights(stack):
+def test_training_pods_the_predictor_and_the_logger_have_their_own_accounts_with_no_rights(stack):
     template = template_of(stack)
     namespace = template["metadata"]["namespace"]
-    trainer = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    trainer = training_pods(stack, "train-cnn")[0]["spec"]
     predictor = embedded(template, "serve")["spec"]["predictor"]
     logger = named(stack, "Deployment", "dist-ml-logger", namespace)["spec"]["template"]["spec"]
     accounts = [trainer["serviceAccountName"], predictor["serviceAccountName"], logger["serviceAccountName"]]
@@ -149,11 +156,11 @@ def test_tfjob_pods_the_predictor_and_the_logger_have_their_own_accounts_with_no
 def test_every_pod_that_uses_the_bucket_has_a_google_identity_bound_to_its_account(gke):
     template = template_of(gke)
     namespace = template["metadata"]["namespace"]
-    tfjob_pod = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    training_pod = training_pods(gke, "train-cnn")[0]
     logger_pod = named(gke, "Deployment", "dist-ml-logger", namespace)["spec"]["template"]
     users = {  # account -> the pod metadata of pods that mount the bucket (the predictor copies it)
         template["spec"]["serviceAccountName"]: template["spec"]["podMetadata"],
-        tfjob_pod["spec"]["serviceAccountName"]: tfjob_pod["metadata"],
+        training_pod["spec"]["serviceAccountName"]: training_pod["metadata"],
         logger_pod["spec"]["serviceAccountName"]: logger_pod["metadata"],
         embedded(template, "serve")["spec"]["predictor"]["serviceAccountName"]: None,
     }
@@ -266,12 +273,37 @@ def test_gke_runs_its_gateway_controller_for_a_class_that_needs_no_proxy_subnet(
 
 
 def test_monitors_name_ports_that_exist(gke):
-    (operator,) = objects_of(gke, "ServiceMonitor")
+    """Kueue's metrics Service names its port `https` and serves /metrics over TLS to a token allowed
+    to GET it (kueue v0.19.2 charts/kueue: metricsService, prometheus/monitor.yaml)."""
+    (queue,) = objects_of(gke, "ServiceMonitor")
+    assert queue["metadata"]["namespace"] == "kueue-system"
+    assert queue["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "kueue",
+                                                        "app.kubernetes.io/component": "metrics-service"}
+    (endpoint,) = queue["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("https", "https", "/metrics")
+    assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    assert "targetPort" not in json.dumps([o["spec"] for o in objects_of(gke, "PodMonitor")])
+
+
+def test_with_the_tfjob_engine_the_training_operators_service_is_monitored():
+    rendered = render.render("gke", stack_values_with_engine("gke", "tfjob"))
+    (operator,) = objects_of(rendered, "ServiceMonitor")
     assert operator["metadata"]["namespace"] == "kubeflow"
     # kubeflow/trainer v1.9.4's Service names its port 8080; the container port has no name.
     assert operator["spec"]["selector"]["matchLabels"] == {"app": "training-operator"}
     assert operator["spec"]["endpoints"] == [{"port": "monitoring-port", "path": "/metrics"}]
-    assert "targetPort" not in json.dumps([o["spec"] for o in objects_of(gke, "PodMonitor")])
+
+
+def stack_values_with_engine(stack: str, engine: str) -> dict[str, str]:
+    """The stack file's values with another engine (and its platform keys)."""
+    values = stack_values(stack, pipeline={"engine": engine})
+    platform = {key: value for key, value in json.loads(values["dist-ml:platform"]).items()
+                if key not in ("trainerVersion", "kueueVersion")}
+    values["dist-ml:platform"] = json.dumps(platform)
+    if stack == "local":
+        values["dist-ml:cluster"] = json.dumps({key: value for key, value in json.loads(
+            values["dist-ml:cluster"]).items() if key != "trainingQuota"})
+    return values
 
 
 def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_serve():
@@ -326,24 +358,197 @@ def quantity(value: str) -> float:
     return float(match[1]) * units.get(match[2] or "", 1)
 
 
+def pod_requests(pod: dict) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for container in pod["spec"]["containers"]:
+        for resource, amount in container.get("resources", {}).get("requests", {}).items():
+            total[resource] = total.get(resource, 0) + quantity(str(amount))
+    return total
+
+
 def test_the_local_stacks_defaults_fit_a_default_k3d_cluster(local):
     """The busiest moments of a run on the default local config, each within 3 CPUs and 6 GiB, leaving
-    a 4-CPU, 8-GiB Docker VM room for the platform: training (`parallelism` training steps at once
-    beside the stable predictor and the logger), and the rollout (the stable predictor rolling to the
-    promoted version and the canary, each with one surge replica, and the logger)."""
+    a 4-CPU, 8-GiB Docker VM room for the platform: training (every train step's pod watching its
+    TrainJob, what Kueue's quota admits of them, the stable predictor and the logger), and the
+    rollout (the stable predictor rolling to the promoted version and the canary, each with one surge
+    replica, and the logger)."""
     template = template_of(local)
-    parallelism = template["spec"]["parallelism"]
-    trains = [embedded(template, t["name"]) for t in template["spec"]["templates"]
-              if t["name"].startswith("train-")][:parallelism]
+    assert "parallelism" not in template["spec"]  # every variant's TrainJob is submitted at once
+    steps = [t for t in template["spec"]["templates"] if t["name"].startswith("train-")]
+    (queue,) = objects_of(local, "ClusterQueue")
+    quota = {r["name"]: quantity(r["nominalQuota"])
+             for r in queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
     predictor = embedded(template, "serve")["spec"]["predictor"]
     replica = predictor["containers"][0]["resources"]["requests"]
     logger = named(local, "Deployment", "dist-ml-logger")["spec"]["template"]["spec"]["containers"][0]
-    training = [replica] * predictor["minReplicas"] + [logger["resources"]["requests"]]
-    for tfjob in trains:  # every replica type: Workers, and a Chief and PS under parameter servers
-        for replicas in tfjob["spec"]["tfReplicaSpecs"].values():
-            requests = replicas["template"]["spec"]["containers"][0]["resources"]["requests"]
-            training += [requests] * replicas["replicas"]
+    serving = [replica] * predictor["minReplicas"] + [logger["resources"]["requests"]]
+    watchers = [step["container"]["resources"]["requests"] for step in steps]
     rolling = [replica] * (predictor["minReplicas"] + 1) * 2 + [logger["resources"]["requests"]]
-    for pods in (training, rolling):
-        assert sum(quantity(p["cpu"]) for p in pods) <= 3
-        assert sum(quantity(p["memory"]) for p in pods) <= 6 * 2**30
+    for pods, admitted in ((serving + watchers, quota), (rolling, {})):
+        assert sum(quantity(p["cpu"]) for p in pods) + admitted.get("cpu", 0) <= 3
+        assert sum(quantity(p["memory"]) for p in pods) + admitted.get("memory", 0) <= 6 * 2**30
+
+
+def test_every_trainjob_fits_its_queue_or_kueue_would_never_admit_it(stack):
+    """Kueue admits a job only when the quota holds all of its pods' requests at once."""
+    (queue,) = objects_of(stack, "ClusterQueue")
+    quota = {r["name"]: quantity(r["nominalQuota"])
+             for r in queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
+    for step in train_steps(stack):
+        needs: dict[str, float] = {}
+        for pod in training_pods(stack, step):
+            for resource, amount in pod_requests(pod).items():
+                needs[resource] = needs.get(resource, 0) + amount
+        assert set(needs) <= set(queue["spec"]["resourceGroups"][0]["coveredResources"]), step
+        assert all(amount <= quota[resource] for resource, amount in needs.items()), (step, needs, quota)
+
+
+# --- Kueue, Kubeflow Trainer v2 and JobSet -----------------------------------------------------------
+
+def test_kueue_holds_every_trainjob_until_its_queue_admits_it_and_the_queue_admits_this_namespace(stack):
+    template = template_of(stack)
+    namespace = template["metadata"]["namespace"]
+    (local_queue,) = objects_of(stack, "LocalQueue")
+    (queue,) = objects_of(stack, "ClusterQueue")
+    (flavor,) = objects_of(stack, "ResourceFlavor")
+    assert local_queue["metadata"]["namespace"] == namespace and local_queue["metadata"]["name"] != "default"
+    assert local_queue["spec"]["clusterQueue"] == queue["metadata"]["name"]
+    # A ClusterQueue without a namespaceSelector admits no namespace (kueue v0.19.2 clusterqueue_types.go).
+    assert queue["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    assert [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]] == [flavor["metadata"]["name"]]
+    for step in train_steps(stack):
+        trainjob = embedded(template, step)
+        assert trainjob["metadata"]["labels"][cluster_actors.QUEUE_LABEL] == local_queue["metadata"]["name"]
+        assert cluster_actors.kueue_created(trainjob)["spec"]["suspend"] is True
+    (chart,) = [r for r in stack.of_type("kubernetes:helm.sh/v4:Chart") if r.name == "platform-kueue"]
+    config = yaml.safe_load(chart.inputs["values"]["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["integrations"]["frameworks"] == ["trainer.kubeflow.org/trainjob"]  # no pod gating
+    assert config["managedJobsNamespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == namespace
+    assert "enable" not in config["waitForPodsReady"] and config["waitForPodsReady"]["timeout"]  # v1beta2
+
+
+def test_kueues_admission_puts_every_training_pod_on_the_training_pool_and_only_there(gke):
+    (flavor,) = objects_of(gke, "ResourceFlavor")
+    assert flavor["spec"]["nodeLabels"] == {"dist-ml/pool": "spot"}
+    for pod in training_pods(gke, "train-cnn"):
+        assert pod["spec"]["nodeSelector"] == {"dist-ml/pool": "spot"}
+        assert {t["key"] for t in pod["spec"]["tolerations"]} == {"cloud.google.com/gke-spot"}
+
+
+def test_on_the_gpu_pool_every_node_pod_asks_for_the_nodes_gpus_and_the_queue_covers_them():
+    values = stack_values("gke")
+    cluster = json.loads(values["dist-ml:cluster"])
+    cluster["nodePools"]["gpu"] = {"enabled": True, "maxNodes": 2}
+    cluster["trainingPool"] = "gpu"
+    values["dist-ml:cluster"] = json.dumps(cluster)
+    rendered = render.render("gke", values)
+    (flavor,) = objects_of(rendered, "ResourceFlavor")
+    assert flavor["metadata"]["name"] == "dist-ml-gpu"
+    (queue,) = objects_of(rendered, "ClusterQueue")
+    (flavor_quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
+    resources = {r["name"]: r["nominalQuota"] for r in flavor_quota["resources"]}
+    assert resources[GPU_RESOURCE] == "2"  # 2 nodes of 1 T4
+    for pod in training_pods(rendered, "train-cnn"):
+        (node,) = pod["spec"]["containers"]
+        assert node["resources"]["requests"][GPU_RESOURCE] == node["resources"]["limits"][GPU_RESOURCE] == 1
+        assert {t["key"] for t in pod["spec"]["tolerations"]} == {"nvidia.com/gpu"}
+
+
+def test_trainer_fills_only_the_node_container_and_the_jobset_it_builds_validates(stack, validate_crd):
+    trainjob = embedded(template_of(stack), "train-cnn")
+    runtime = runtime_of(stack, trainjob)
+    jobset = admitted_jobset(stack, "train-cnn")
+    assert validate_crd("jobset-v0.12.0/jobset.x-k8s.io_jobsets.yaml", jobset) == []
+    (node_job,) = jobset["spec"]["replicatedJobs"]
+    (declared,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    (container,) = node_job["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "node"
+    assert container["command"] == trainjob["spec"]["trainer"]["command"]
+    assert node_job["template"]["spec"]["parallelism"] == node_job["template"]["spec"]["completions"] == 2
+    # Everything but what Trainer fills is the runtime's: the storage, the identity, one try per pod.
+    pod = node_job["template"]["spec"]["template"]["spec"]
+    declared_pod = declared["template"]["spec"]["template"]["spec"]
+    assert pod["volumes"] == declared_pod["volumes"] and pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == declared_pod["serviceAccountName"]
+    # resourcesPerNode holds every resource the runtime's node container does, with the same amounts:
+    # Kueue v0.19.2 (which replaces the container's with it) and Trainer v2.3.0 (which merges it in)
+    # count the same requests.
+    assert declared_pod["containers"][0]["resources"] == trainjob["spec"]["trainer"]["resourcesPerNode"]
+    assert container["resources"] == trainjob["spec"]["trainer"]["resourcesPerNode"]
+
+
+@pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
+def test_every_pod_of_a_trainjob_builds_one_tf_config_naming_jobsets_hostnames(strategy):
+    """What each pod knows (its labels and index through the downward API, the TrainJob's node count)
+    gives every pod the same cluster, whose addresses are the pods' DNS names in JobSet's headless
+    Service and the port the containers declare; each pod is its own task."""
+    pipeline = {"variants": ["cnn"], "strategy": strategy}
+    rendered = render.render("local", stack_values("local", pipeline=pipeline))
+    pods = training_pods(rendered, "train-cnn")
+    clusters, tasks = set(), []
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        spec = cluster_from_environment(cluster_actors.container_env(pod, container["name"]))
+        clusters.add(json.dumps(spec.cluster, sort_keys=True))
+        tasks.append((spec.task_type, spec.task_index))
+        (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == TF_PORT_NAME]
+        own = spec.cluster[spec.task_type][spec.task_index]
+        assert own == f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}:{port}"
+    assert len(clusters) == 1
+    expected = ([("worker", 0), ("worker", 1)] if strategy == "sync"
+                else [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)])
+    assert tasks == expected
+
+
+def test_under_parameter_servers_the_chief_ends_the_job_and_the_ps_pods_are_told_the_node_count():
+    rendered = render.render("local", stack_values("local", pipeline={"variants": ["cnn"],
+                                                                        "strategy": "parameter-server"}))
+    jobset = admitted_jobset(rendered, "train-cnn")
+    jobs = {job["name"]: job["template"]["spec"] for job in jobset["spec"]["replicatedJobs"]}
+    assert jobs["node"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}  # the chief's index
+    assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["node"]}
+    (ps,) = jobs["ps"]["template"]["spec"]["containers"]
+    assert ps["command"] == ["python", "-m", "trainer.parameter_server"]
+    assert {e["name"]: e.get("value") for e in ps["env"]}["DIST_ML_NUM_NODES"] == "3"
+
+
+def test_every_trainjob_name_leaves_its_pod_names_dns_labels(stack):
+    """JobSet's webhook refuses pod names past 63 characters (with Kubernetes' 6-character suffix),
+    and Trainer then leaves the TrainJob without a condition; a submitted workflow's name is the
+    template's and 6 characters."""
+    for step in train_steps(stack):
+        for pod in cluster_actors.jobset_pods(admitted_jobset(stack, step)):
+            name = pod["spec"]["hostname"].replace("{{workflow.name}}", WORKFLOW_NAME) + "-abcde"
+            assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name), name
+
+
+def test_trainer_and_kueue_are_installed_before_the_objects_their_webhooks_check(stack):
+    for kind in ("ClusterTrainingRuntime", "WorkflowTemplate"):
+        for resource in stack.resources:
+            if resource.is_kubernetes_object and resource.inputs["kind"] == kind:
+                assert {"platform-trainer", "platform-kueue"} <= closure(stack, resource.name), resource.name
+    for kind in ("ResourceFlavor", "ClusterQueue", "LocalQueue"):
+        (resource,) = [r for r in stack.resources if r.is_kubernetes_object and r.inputs["kind"] == kind]
+        assert "platform-kueue" in closure(stack, resource.name)
+    # The workflow's TrainJobs name a runtime that exists: Trainer's and Kueue's webhooks refuse others.
+    assert any(r.inputs.get("kind") == "ClusterTrainingRuntime" for r in stack.resources
+               if r.name in closure(stack, "pipeline-workflow-template"))
+
+
+@pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
+def test_local_processes_get_exactly_the_environment_a_trainjobs_pods_get(strategy):
+    """trainer.launch gives each local process what the rendered runtime gives each pod (the JobSet's
+    name, the replicated job, the index, the node count, the port, the parameter servers), plus
+    where each hostname listens on this machine: the local engine trains on the TrainJob's code path."""
+    pipeline = {"variants": ["cnn"], "strategy": strategy}
+    rendered = render.render("local", stack_values("local", pipeline=pipeline))
+    jobset_name = f"{WORKFLOW_NAME}-train-cnn"
+    pods = []
+    for pod in training_pods(rendered, "train-cnn"):
+        pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = jobset_name  # as a run names it
+        (container,) = pod["spec"]["containers"]
+        pods.append(cluster_actors.container_env(pod, container["name"]))
+    servers = 1 if strategy == "parameter-server" else 0  # Pulumi.local.yaml: 2 workers, 1 ps
+    local = [task.env for task in local_tasks(2, servers, jobset_name)]
+    assert [{k: v for k, v in env.items() if k != LOCAL_ADDRESSES_ENV} for env in local] == pods
+    assert all(json.loads(env[LOCAL_ADDRESSES_ENV]) for env in local)

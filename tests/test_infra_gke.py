@@ -59,8 +59,8 @@ def gke_stack() -> render.Rendered:
 
 
 def training_pod(rendered: render.Rendered, step: str = "train-cnn") -> dict:
-    (template,) = objects_of(rendered, "WorkflowTemplate")
-    return embedded(template, step)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    """A node pod of the step's TrainJob, as it would run once Kueue admitted it."""
+    return stack_checks.training_pods(rendered, step)[0]
 
 
 def test_every_component_is_declared(gke_stack):
@@ -196,7 +196,7 @@ def test_workload_identity_bindings_wait_for_the_cluster_that_creates_the_identi
 
 def test_pipeline_pods_mount_the_bucket_where_the_local_stack_mounts_its_volume(gke_stack):
     pod = training_pod(gke_stack)
-    assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    assert pod["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
     (volume,) = pod["spec"]["volumes"]
     assert volume["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
     assert volume["csi"]["volumeAttributes"]["bucketName"] == f"{PROJECT}-dist-ml"
@@ -284,23 +284,27 @@ def embedded_argument(args: list[str]) -> dict:
     return json.loads(args[args.index(cluster_names.MANIFEST_FLAG) + 1])
 
 
-def training_pool_tolerations(node: object, in_tfjob: bool = False) -> list[tuple[bool, dict]]:
-    """(inside a TFJob?, toleration) for every toleration of a spot or GPU taint under `node`,
-    with Argo's embedded manifests opened."""
+TRAINING_OBJECTS = ("ClusterTrainingRuntime", "ResourceFlavor", "TFJob")
+
+
+def training_pool_tolerations(node: object, in_training: bool = False) -> list[tuple[bool, dict]]:
+    """(inside a training object?, toleration) for every toleration of a spot or GPU taint under `node`,
+    with Argo's embedded manifests opened: the training runtime's, Kueue's flavor's, a TFJob's."""
     found = []
     if isinstance(node, dict):
         for key, value in node.items():
             embeds = key == "args" and isinstance(value, list) and cluster_names.MANIFEST_FLAG in value
             if key == "manifest" and isinstance(value, str) or embeds:
                 manifest = yaml.safe_load(value) if key == "manifest" else embedded_argument(value)
-                found += training_pool_tolerations(manifest, in_tfjob or manifest.get("kind") == "TFJob")
+                inside = in_training or manifest.get("kind") in TRAINING_OBJECTS
+                found += training_pool_tolerations(manifest, inside)
             elif key == "tolerations" and isinstance(value, list):
-                found += [(in_tfjob, t) for t in value if t.get("key") in TRAINING_TAINT_KEYS]
+                found += [(in_training, t) for t in value if t.get("key") in TRAINING_TAINT_KEYS]
             else:
-                found += training_pool_tolerations(value, in_tfjob)
+                found += training_pool_tolerations(value, in_training or node.get("kind") in TRAINING_OBJECTS)
     elif isinstance(node, list):
         for item in node:
-            found += training_pool_tolerations(item, in_tfjob)
+            found += training_pool_tolerations(item, in_training)
     return found
 
 
@@ -308,9 +312,10 @@ def test_only_training_pods_tolerate_the_spot_and_gpu_taints_and_the_cpu_pool_st
     rendered = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "gpu", "nodePools": {
         "spot": {"enabled": True}, "gpu": {"enabled": True}}}))
     found = [entry for resource in rendered.resources for entry in training_pool_tolerations(resource.inputs)]
-    # The search sees the training pods' tolerations (so it is not blind), and nothing else's.
-    assert [toleration for in_tfjob, toleration in found if in_tfjob] == [GPU_TOLERATION] * len(TRAIN_STEPS)
-    assert [toleration for in_tfjob, toleration in found if not in_tfjob] == []
+    # The search sees the training pods' tolerations, in their runtime and Kueue's flavor (so it is not
+    # blind), and nothing else's.
+    assert [toleration for in_training, toleration in found if in_training] == [GPU_TOLERATION] * 2
+    assert [toleration for in_training, toleration in found if not in_training] == []
     (logger,) = [d for d in objects_of(rendered, "Deployment") if "logger" in d["metadata"]["name"]]
     assert "tolerations" not in logger["spec"]["template"]["spec"]
     for isvc in objects_of(rendered, "InferenceService"):  # the stack's, if it declares one
@@ -364,11 +369,14 @@ def test_images_are_built_for_the_nodes_platform_whatever_machine_builds_them(gk
 
 def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
     monitors = [*objects_of(gke_stack, "PodMonitor"), *objects_of(gke_stack, "ServiceMonitor")]
-    assert {m["metadata"]["name"] for m in monitors} == {"dist-ml-predictor", "training-operator"}
+    assert {m["metadata"]["name"] for m in monitors} == {"dist-ml-predictor", "kueue"}
     (dashboard,) = [config_map for config_map in objects_of(gke_stack, "ConfigMap")
                     if config_map["metadata"]["name"] == "dist-ml-dashboard"]
     panels = json.loads(dashboard["data"]["dist-ml.json"])["panels"]
-    assert [p["title"] for p in panels] == ["Request rate", "Latency", "Predictor replicas", "TFJobs"]
+    assert [p["title"] for p in panels] == ["Request rate", "Latency", "Predictor replicas", "Training queue"]
+    queue = {target["legendFormat"]: target["expr"] for target in panels[3]["targets"]}
+    assert queue == {"pending": 'sum(kueue_pending_workloads{cluster_queue="dist-ml-training"})',
+                     "admitted": 'sum(kueue_admitted_active_workloads{cluster_queue="dist-ml-training"})'}
     (chart,) = [r for r in gke_stack.of_type("kubernetes:helm.sh/v4:Chart")
                 if r.inputs["chart"] == "kube-prometheus-stack"]
     assert chart.inputs["version"] == "80.4.1"

@@ -177,10 +177,12 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
     """KubernetesCluster makes exactly the API calls infra's Role for the workflow's pods allows."""
     from kubernetes import client
 
-    from infra.pipeline import WORKFLOW_POD_RULES
+    from infra.pipeline import workflow_pod_rules
 
-    granted = {(group, resource, verb) for rule in WORKFLOW_POD_RULES for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
+    granted = set.intersection(*({(group, resource, verb) for rule in workflow_pod_rules(engine)
+                                  for group in rule["apiGroups"] for resource in rule["resources"]
+                                  for verb in rule["verbs"]}
+                                 for engine in cluster_names.TRAIN_STEP_CALLS))  # whichever trains
     made = set()
     routes = ("gateway.networking.k8s.io", "v1", NAMESPACE, "httproutes")
     isvcs = ("serving.kserve.io", "v1beta1", NAMESPACE, "inferenceservices")

@@ -253,7 +253,14 @@ def valid_stacks() -> st.SearchStrategy[dict]:
                   "namespace": st.from_regex(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", fullmatch=True),
                   "pipeline": st.fixed_dictionaries({}, optional={"runOnUp": st.booleans(),
                                                                   "workers": st.integers(1, 8)})})
-    return gke | k3d
+    return gke | k3d.map(with_room_for_its_workers)
+
+
+def with_room_for_its_workers(raw: dict) -> dict:
+    """A k3d stack whose quota holds a TrainJob of its workers (each asks for 1 CPU and 2Gi by default)."""
+    workers = raw.get("pipeline", {}).get("workers", 2)
+    quota = {"cpu": workers, "memory": f"{2 * workers}Gi"}
+    return {**raw, "cluster": {**raw["cluster"], "trainingQuota": quota}}
 
 
 @FUZZ

@@ -22,13 +22,16 @@ from infra.gke import (
     GkeCluster,
     GkeClusterArgs,
     NodePoolArgs,
+    allocatable,
+    machine_size,
     node_selector,
     toleration,
 )
 from infra.registry import RegistryImages, RegistryImagesArgs
+from pipeline.manifests import GPU_RESOURCE
 from pipeline.validation import Section, Text, WholeNumber, fail, matching
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
-from stacks.settings import PROJECT, Flag, MonitoringConfig, StackSettings
+from stacks.settings import PROJECT, Flag, MonitoringConfig, StackSettings, TrainingQuota
 
 # Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
 GCP_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
@@ -144,8 +147,11 @@ class GkeConfig(Section):
         NodePools(), description="the cpu pool, and the optional spot and gpu pools")
     requested_training_pool: TrainingPool | None = Field(
         None, alias="trainingPool",
-        description="where TFJob pods run, an enabled pool; default: gpu if enabled, else spot if enabled, "
-                    "else cpu")
+        description="where training pods run, an enabled pool; default: gpu if enabled, else spot if "
+                    "enabled, else cpu")
+    training_quota: TrainingQuota | None = Field(
+        None, description="what the training pool holds for training, Kueue's quota (pipeline.engine "
+                          "trainjob); default: maxNodes times a node's allocatable CPU and memory")
 
     @property
     def cpu_pool(self) -> NodePoolConfig:
@@ -164,9 +170,23 @@ class GkeConfig(Section):
 
     @property
     def training_pool(self) -> str:
-        """The pool of TFJob pods: the one named, else the most specialised capacity the stack pays for."""
+        """The pool of training pods: the one named, else the most specialised capacity the stack pays for."""
         return self.requested_training_pool or next(
             name for name in reversed(TRAINING_POOLS) if self.pool(name) is not None)
+
+    def training_quota_of_pool(self) -> dict[str, str]:
+        """Kueue's quota: trainingQuota, else what the training pool's nodes hold at its most (maxNodes
+        times a node's allocatable, GKE's rule), and all of its GPUs."""
+        pool = self.pool(self.training_pool)
+        if self.training_quota is not None:
+            quota = self.training_quota.as_quota()
+        else:
+            cpus, memory_gib = allocatable(*machine_size(pool.machine_type))
+            quota = {"cpu": f"{int(cpus * pool.max_nodes * 1000)}m",
+                     "memory": f"{int(memory_gib * pool.max_nodes * 1024)}Mi"}
+        if pool.ACCELERATED:
+            quota[GPU_RESOURCE] = str(pool.accelerator_count * pool.max_nodes)
+        return quota
 
     @model_validator(mode="after")
     def _training_pool_exists(self) -> GkeConfig:
@@ -174,6 +194,10 @@ class GkeConfig(Section):
         if name is not None and self.pool(name) is None:
             raise fail(f"{name} needs cluster.nodePools.{name}.enabled: true; enable that pool or choose one "
                        "that exists", "trainingPool")
+        machine_type = self.pool(self.training_pool).machine_type
+        if self.training_quota is None and machine_size(machine_type) is None:
+            raise fail(f"is needed for the {self.training_pool} pool's machine type {machine_type}, whose "
+                       "size this stack does not know: give {cpu, memory} for training", "trainingQuota")
         return self
 
 
@@ -204,6 +228,10 @@ class GkeStack(StackSettings):
     cluster: GkeConfig = Field(description="the GKE cluster")
     storage: GcsConfig = Field(GcsConfig(), description="the bucket every pipeline pod mounts")
     monitoring: GkeMonitoring = Field(GkeMonitoring(), description="Prometheus, Grafana and the dashboard")
+
+    def training_quota(self) -> tuple[dict[str, str], int]:
+        pool = self.cluster.pool(self.cluster.training_pool)
+        return self.cluster.training_quota_of_pool(), pool.accelerator_count if pool.ACCELERATED else 0
 
     def kind_sections(self) -> tuple[GkeConfig, GcsConfig, GcpConfig]:
         """cluster.location and storage.bucketName default from gcp:region and gcp:project."""
@@ -284,7 +312,8 @@ class GkeKind(ClusterKind):
         # Training pods go to the training pool only; nothing else tolerates the spot and gpu taints.
         name = self.config.cluster.training_pool
         pool = self._pools[name]
-        return TrainingPlacement(tolerations=tuple(toleration(taint) for taint in pool.taints),
+        return TrainingPlacement(pool=name, quota=self.config.cluster.training_quota_of_pool(),
+                                 tolerations=tuple(toleration(taint) for taint in pool.taints),
                                  node_selector=node_selector(name), gpus=pool.gpus)
 
     def gateway(self, cluster: Cluster) -> GatewayPlacement:

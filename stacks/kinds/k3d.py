@@ -23,8 +23,8 @@ from infra.k3d import (
 )
 from infra.storage import PvcStorage, PvcStorageArgs
 from pipeline.validation import DnsLabel, Quantity, Section, Text, WholeNumber, fail, matching
-from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage
-from stacks.settings import StackSettings
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+from stacks.settings import StackSettings, TrainingQuota
 
 K3S_IMAGE = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
 Port = Annotated[WholeNumber, Field(ge=1, le=65535)]
@@ -52,6 +52,11 @@ class K3dConfig(Section):
         "rancher/k3s:v1.33.4-k3s1", alias="k3sImage", description="k3s image; sets the Kubernetes version")
     ports: tuple[PortMapping, ...] = Field((PortMapping(host=8088, container=80),),
                                            description="host port -> k3d load balancer port")
+    # Two training steps of Pulumi.local.yaml at a time (2 x 2 workers x 500m CPU, 1Gi) beside serving
+    # and the platform, in a 4-CPU, 8-GiB Docker VM (tests/test_cluster_contracts.py checks the sum).
+    training_quota: TrainingQuota = Field(
+        TrainingQuota(cpu="2", memory="4Gi"),
+        description="what the cluster holds for training, Kueue's quota (pipeline.engine trainjob)")
 
     @property
     def kubernetes_version(self) -> str:
@@ -70,6 +75,9 @@ class K3dStack(StackSettings):
     """A stack on a k3d cluster."""
     cluster: K3dConfig = Field(description="the k3d cluster")
     storage: StorageConfig = Field(StorageConfig(), description="the PVC every pipeline pod mounts")
+
+    def training_quota(self) -> tuple[dict[str, str], int]:
+        return self.cluster.training_quota.as_quota(), 0
 
     @model_validator(mode="after")
     def _one_node_or_shared_storage(self) -> K3dStack:
@@ -108,6 +116,9 @@ class K3dKind(ClusterKind):
             namespace=self.config.namespace, size=config.size, access_mode=config.access_mode,
             storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace]))
         return Storage(storage=storage.storage, ready=[storage])
+
+    def training_placement(self) -> TrainingPlacement:
+        return TrainingPlacement(pool="k3d", quota=self.config.cluster.training_quota.as_quota())
 
     def gateway(self, cluster: Cluster) -> GatewayPlacement:
         traefik = traefik_gateway_provider("traefik-gateway-provider", cluster.provider,
