@@ -138,14 +138,19 @@ def storage_mount() -> dict:
     return {"name": STORAGE_VOLUME, "mountPath": CLUSTER_STORAGE_ROOT}
 
 
-def container(step: Step, name: str, images: Images, gpus: int = 0) -> dict:
-    resources = step.resources.as_manifest()
+def with_gpus(resources: dict, gpus: int) -> dict:
+    """Requests and limits, and `gpus` GPUs (a node's, all of them) when there are any."""
     if gpus:
         # Extended resources cannot be overcommitted: Kubernetes requires requests equal to limits.
         for kind in ("requests", "limits"):
             resources[kind][GPU_RESOURCE] = gpus
+    return resources
+
+
+def container(step: Step, name: str, images: Images, gpus: int = 0) -> dict:
     return {"name": name, "image": images.of(step), "imagePullPolicy": "IfNotPresent",
-            "command": step.command, "volumeMounts": [storage_mount()], "resources": resources}
+            "command": step.command, "volumeMounts": [storage_mount()],
+            "resources": with_gpus(step.resources.as_manifest(), gpus)}
 
 
 def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labels: dict) -> dict:
@@ -340,16 +345,6 @@ def num_nodes_env(nodes: int) -> dict:
     return {"name": tf_cluster.NUM_NODES_ENV, "value": str(nodes)}
 
 
-def training_resources(config: PipelineConfig, gpus: int) -> dict:
-    """A training pod's requests and limits: each worker's, and the pool's GPUs per node, all of them."""
-    resources = config.trainer_resources.as_manifest()
-    if gpus:
-        # Extended resources cannot be overcommitted: Kubernetes requires requests equal to limits.
-        for kind in ("requests", "limits"):
-            resources[kind][GPU_RESOURCE] = gpus
-    return resources
-
-
 def runtime_pod(target: ClusterTarget, container_spec: dict) -> dict:
     """A runtime pod template: the storage, the trainer's identity, the training pool; a failed pod is
     not restarted in place (its Job fails, and JobSet restarts the whole set)."""
@@ -390,8 +385,8 @@ def training_runtime(config: PipelineConfig, target: ClusterTarget, parameter_se
     without a framework is Trainer's PlainML: it sets numNodes and the TrainJob's env, nothing else.
     """
     nodes = tf_cluster.jobset_replicas(config.workers, parameter_servers)[tf_cluster.NODE_JOB]
-    node = runtime_container(NODE_CONTAINER, target, parameter_servers,
-                             resources=training_resources(config, target.training_gpus))
+    worker = with_gpus(config.trainer_resources.as_manifest(), target.training_gpus)
+    node = runtime_container(NODE_CONTAINER, target, parameter_servers, resources=worker)
     node_job = one_try_job(runtime_pod(target, node))
     replicated_jobs = [{"name": tf_cluster.NODE_JOB, "template": {
         "metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}}, "spec": node_job}}]
@@ -437,7 +432,7 @@ def trainjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: st
         # (it vendors Trainer v2.2.1, which replaced the runtime's with it), Trainer v2.3.0 merges them.
         "trainer": {"image": target.images.of(step), "command": step.command, "numNodes": nodes,
                     "env": [num_nodes_env(nodes)],
-                    "resourcesPerNode": training_resources(config, target.training_gpus)},
+                    "resourcesPerNode": with_gpus(step.resources.as_manifest(), target.training_gpus)},
     }
     if step.parameter_servers:
         ps_pods = {"name": tf_cluster.PS_JOB, "template": {"spec": {"template": {"spec": {
