@@ -23,6 +23,8 @@ from pipeline import argo
 from pipeline.definition import Layout
 from pipeline.manifests import IMAGE_USER
 from stacks import render
+from stacks.config import parse_stack_config
+from stacks.kinds import k3d as k3d_kind
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
 WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"
@@ -250,9 +252,23 @@ def test_k3s_traefik_serves_the_gateway_on_the_port_k3d_forwards(local):
     # A listener must use an entry point's port (the chart's `web`, 8000, exposed on 80).
     assert gateway["spec"]["listeners"][0]["port"] == k3d.TRAEFIK_WEB_PORT == 8000
     (cluster,) = [r for r in local.of_type("command:local:Command") if r.name == "cluster-cluster"]
-    assert "--port=8088:80@loadbalancer" in cluster.inputs["create"]
+    # Bound to loopback: the model is published to this machine only, not to its network.
+    assert "--port=127.0.0.1:8088:80@loadbalancer" in cluster.inputs["create"]
     assert local.outputs["inferenceUrl"] == "http://localhost:8088/v1/models/fmnist:predict"
     assert "traefik-gateway-provider" in closure(local, "gateway-crds-ready")
+
+
+def test_the_k3d_host_port_binds_loopback_unless_the_stack_names_another_address():
+    """Docker publishes a port without a host address on every interface of the machine: the
+    default mapping names loopback, and the URL a user is given names the address bound."""
+    ports = parse_stack_config({"cluster": {"kind": "k3d"}}).cluster.ports
+    assert [(p.host_address, p.host, p.container) for p in ports] == [("127.0.0.1", 8088, 80)]
+    args = k3d.K3dClusterArgs(name="n", servers=1, agents=0, k3s_image="rancher/k3s:v1.33.4-k3s1",
+                              ports=(("0.0.0.0", 8088, 80), ("192.0.2.7", 8443, 443)))
+    command = k3d.create_command(args)
+    assert "--port=0.0.0.0:8088:80@loadbalancer --port=192.0.2.7:8443:443@loadbalancer" in command
+    assert [k3d_kind.host_name(a) for a in ("127.0.0.1", "0.0.0.0", "192.0.2.7")] == [
+        "localhost", "localhost", "192.0.2.7"]
 
 
 def test_gke_runs_its_gateway_controller_for_a_class_that_needs_no_proxy_subnet(gke):
