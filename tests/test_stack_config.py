@@ -240,6 +240,10 @@ def valid_stacks() -> st.SearchStrategy[dict]:
         "cluster": st.fixed_dictionaries({"kind": st.just("gke")}, optional={
             "name": st.from_regex(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$", fullmatch=True),
             "releaseChannel": st.sampled_from(["RAPID", "STABLE"]), "deletionProtection": st.booleans(),
+            "endpoint": st.one_of(st.just({"public": False}), st.fixed_dictionaries({
+                "public": st.just(True), "domain": st.sampled_from(["models.example.com", "a.b.example.org"]),
+                "allowedSourceRanges": st.lists(st.ip_addresses(v=4).map(lambda a: f"{a}/32"),
+                                                min_size=1, max_size=12)})),
             "nodePools": st.fixed_dictionaries({}, optional={
                 "cpu": pool.map(lambda p: {**p, "minNodes": max(1, p.get("minNodes", 1))}),
                 "spot": pool.map(lambda p: {**p, "enabled": True}),
