@@ -360,8 +360,8 @@ class GkeKind(ClusterKind):
         endpoint = self.config.cluster.endpoint
         self._public = self._public_endpoint() if endpoint.public else None
         if self._public is None:
-            # GKE gives the Gateway the internal load balancer's address, from the nodes' subnet, once
-            # it has programmed it (minutes), in the proxy-only subnet's region and network.
+            # GKE gives the Gateway the internal load balancer's address, in the stack's network, once
+            # it has programmed it (minutes); its proxies run in the proxy-only subnet.
             return GatewayPlacement(INTERNAL_GATEWAY_CLASS, HTTP_PORT, ready=[self._network.proxy_only],
                                     url="http://<inferenceAddress>", address_hint=self._address_command())
         public = self._public
