@@ -36,6 +36,9 @@ CANARY_SUFFIX = "-canary"
 # Not `<model>`: KServe's own Gateway API mode (off in the stacks) names its top-level route so.
 ROUTE_SUFFIX = "-split"
 GATEWAY_NAME = "dist-ml"  # the Gateway the stacks declare in the system's namespace
+# Its listener for the model (HTTP inside a cluster's network, HTTPS when public): the route attaches
+# to it alone, never to another listener of the Gateway (a plain-HTTP one that redirects to HTTPS).
+MODEL_LISTENER = "model"
 PREDICTOR_SERVICE_PORT = 80  # KServe's port on the predictor's Service (constants.CommonDefaultHttpPort)
 PREDICTOR_CONTAINER = "kserve-container"
 RELEASE_MODULE = "cluster_steps.release"  # the serve and rollout steps' program, in the serving image

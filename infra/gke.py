@@ -9,6 +9,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from infra.network import PODS_RANGE_NAME, SERVICES_RANGE_NAME, GkeNetwork
+
 # GKE's own taint on GPU nodes, and ours on spot nodes: only training pods tolerate them.
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}
@@ -23,12 +25,9 @@ NODE_PROJECT_ROLES = ("roles/container.defaultNodeServiceAccount",)
 IMAGE_READER_ROLE = "roles/artifactregistry.reader"
 NODE_ACCOUNT_SUFFIX = "-nodes"  # the nodes' service account is <cluster name>-nodes
 # GKE's Gateway controller, with the standard channel's CRDs (Gateway, HTTPRoute, ...), installed by GKE.
+# It needs a VPC-native cluster and the HttpLoadBalancing add-on (on by default; said here).
 GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
-# Its GatewayClass for the model's route: a global external Application Load Balancer, which splits
-# traffic by backendRef weights and, unlike the regional classes (gke-l7-regional-external-managed,
-# gke-l7-rilb), needs no proxy-only subnet in the VPC. Its listener serves plain HTTP on port 80.
-GATEWAY_CLASS = "gke-l7-global-external-managed"
-GATEWAY_LISTENER_PORT = 80
+VPC_NATIVE = "VPC_NATIVE"
 
 
 # Memory per vCPU (GiB: Compute Engine's GB is 2**30 bytes) of the predefined machine types
@@ -112,6 +111,7 @@ class GkeClusterArgs:
     deletion_protection: bool
     node_pools: dict[str, NodePoolArgs]  # pool name -> settings; "cpu" always present
     image_repository: gcp.artifactregistry.Repository  # where the nodes pull the pods' images from
+    network: GkeNetwork  # the VPC and the nodes' subnet, with the pods' and Services' ranges
 
 
 def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
@@ -158,9 +158,15 @@ class GkeCluster(pulumi.ComponentResource):
             deletion_protection=args.deletion_protection,
             release_channel={"channel": args.release_channel},
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
-            addons_config={"gcs_fuse_csi_driver_config": {"enabled": True}},
+            addons_config={"gcs_fuse_csi_driver_config": {"enabled": True},
+                           "http_load_balancing": {"disabled": False}},
             # The rollout's HTTPRoute splits requests between the stable and the canary predictor.
             gateway_api_config={"channel": GATEWAY_API_CHANNEL},
+            network=args.network.network.id,
+            subnetwork=args.network.nodes.id,
+            networking_mode=VPC_NATIVE,
+            ip_allocation_policy={"cluster_secondary_range_name": PODS_RANGE_NAME,
+                                  "services_secondary_range_name": SERVICES_RANGE_NAME},
             opts=child,
         )
         node_account, node_grants = self._node_service_account(name, args, child)

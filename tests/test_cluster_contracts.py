@@ -7,6 +7,7 @@ Every test runs on both stacks' rendered objects (under Pulumi mocks) where the 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 
@@ -30,16 +31,20 @@ from stack_checks import (
 
 from cluster_steps import names as cluster_names
 from cluster_steps import release as rollout
-from infra import gke as gke_infra
-from infra import k3d
+from infra import gke_endpoint, k3d
 from infra.pipeline import workflow_pod_rules
 from pipeline import argo
 from pipeline.definition import Layout
 from pipeline.manifests import GPU_RESOURCE, IMAGE_USER
 from stacks import render
+from stacks.config import parse_stack_config
+from stacks.kinds import k3d as k3d_kind
 from trainer.cluster import LOCAL_ADDRESSES_ENV, TF_PORT_NAME, cluster_from_environment, local_tasks
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
+SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
+GLOBAL_ADDRESS = "gcp:compute/globalAddress:GlobalAddress"
+SECURITY_POLICY = "gcp:compute/securityPolicy:SecurityPolicy"
 WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"
 # What the emissary executor needs in every workflow pod (Argo's docs/workflow-rbac.md, v3.4+).
 EXECUTOR_NEEDS = {("argoproj.io", "workflowtaskresults", verb) for verb in ("create", "patch")}
@@ -67,6 +72,23 @@ def stack(request) -> render.Rendered:
 @pytest.fixture(scope="module")
 def gke() -> render.Rendered:
     return render.render("gke", stack_values("gke"))
+
+
+PUBLIC_DOMAIN = "models.example.com"
+ALLOWED_RANGES = [f"198.51.100.{n}/32" for n in range(12)] + ["203.0.113.0/24"]  # two allow rules' worth
+
+
+def public_gke_values() -> dict[str, str]:
+    values = stack_values("gke")
+    cluster = json.loads(values["dist-ml:cluster"])
+    cluster["endpoint"] = {"public": True, "domain": PUBLIC_DOMAIN, "allowedSourceRanges": ALLOWED_RANGES}
+    return {**values, "dist-ml:cluster": json.dumps(cluster)}
+
+
+@pytest.fixture(scope="module")
+def public_gke() -> render.Rendered:
+    """The gke stack with a public endpoint."""
+    return render.render("gke", public_gke_values())
 
 
 @pytest.fixture(scope="module")
@@ -220,11 +242,12 @@ def test_the_route_the_rollout_creates_attaches_to_the_stacks_gateway_and_reache
     namespace = template["metadata"]["namespace"]
     (gateway,) = objects_of(stack, "Gateway")
     assert gateway["metadata"]["namespace"] == namespace
-    (listener,) = gateway["spec"]["listeners"]
+    (listener,) = gateway["spec"]["listeners"]  # inside a network: the model's listener alone, on HTTP
     assert listener["protocol"] == "HTTP" and listener["allowedRoutes"]["namespaces"]["from"] == "Same"
     isvc = embedded(template, "serve")
     route = rollout.http_route(isvc["metadata"]["name"], 10)
-    assert [ref["name"] for ref in route["spec"]["parentRefs"]] == [gateway["metadata"]["name"]]
+    gateway_name = gateway["metadata"]["name"]
+    assert route["spec"]["parentRefs"] == [{"name": gateway_name, "sectionName": listener["name"]}]
     assert "namespace" not in route["spec"]["parentRefs"][0]  # the route's own, where the workflow runs
     backends = route["spec"]["rules"][0]["backendRefs"]
     assert [b["name"] for b in backends] == [f"{name}-predictor" for name in (
@@ -257,19 +280,170 @@ def test_k3s_traefik_serves_the_gateway_on_the_port_k3d_forwards(local):
     # A listener must use an entry point's port (the chart's `web`, 8000, exposed on 80).
     assert gateway["spec"]["listeners"][0]["port"] == k3d.TRAEFIK_WEB_PORT == 8000
     (cluster,) = [r for r in local.of_type("command:local:Command") if r.name == "cluster-cluster"]
-    assert "--port=8088:80@loadbalancer" in cluster.inputs["create"]
+    # Bound to loopback: the model is published to this machine only, not to its network.
+    assert "--port=127.0.0.1:8088:80@loadbalancer" in cluster.inputs["create"]
     assert local.outputs["inferenceUrl"] == "http://localhost:8088/v1/models/fmnist:predict"
     assert "traefik-gateway-provider" in closure(local, "gateway-crds-ready")
 
 
-def test_gke_runs_its_gateway_controller_for_a_class_that_needs_no_proxy_subnet(gke):
-    (cluster,) = gke.of_type("gcp:container/cluster:Cluster")
+def test_the_k3d_host_port_binds_loopback_unless_the_stack_names_another_address():
+    """Docker publishes a port without a host address on every interface of the machine: the
+    default mapping names loopback, and the URL a user is given names the address bound."""
+    ports = parse_stack_config({"cluster": {"kind": "k3d"}}).cluster.ports
+    assert [(p.host_address, p.host, p.container) for p in ports] == [("127.0.0.1", 8088, 80)]
+    args = k3d.K3dClusterArgs(name="n", servers=1, agents=0, k3s_image="rancher/k3s:v1.33.4-k3s1",
+                              ports=(("0.0.0.0", 8088, 80), ("192.0.2.7", 8443, 443)))
+    command = k3d.create_command(args)
+    assert "--port=0.0.0.0:8088:80@loadbalancer --port=192.0.2.7:8443:443@loadbalancer" in command
+    assert [k3d_kind.host_name(a) for a in ("127.0.0.1", "0.0.0.0", "192.0.2.7")] == [
+        "localhost", "localhost", "192.0.2.7"]
+
+
+def the(rendered: render.Rendered, type_token: str) -> render.Declared:
+    (found,) = rendered.of_type(type_token)
+    return found
+
+
+def subnets(rendered: render.Rendered) -> dict[str, render.Declared]:
+    return {r.name: r for r in rendered.of_type(SUBNETWORK)}
+
+
+def test_by_default_gkes_gateway_is_an_internal_load_balancer_in_the_stacks_own_network(gke):
+    """GKE's Gateway controller serves gke-l7-rilb only for a VPC-native cluster with HTTP load
+    balancing, in a network that has an ACTIVE proxy-only subnet (at least a /26) in the cluster's
+    region, made before the Gateway: the load balancer's proxies run there."""
+    cluster = the(gke, "gcp:container/cluster:Cluster")
+    network = the(gke, "gcp:compute/network:Network")
     assert cluster.inputs["gatewayApiConfig"] == {"channel": "CHANNEL_STANDARD"}
+    assert cluster.inputs["addonsConfig"]["httpLoadBalancing"] == {"disabled": False}
+    assert cluster.inputs["networkingMode"] == "VPC_NATIVE"
+    assert network.inputs["autoCreateSubnetworks"] is False  # every range is declared
+    nodes, proxy_only = subnets(gke)["network-nodes"], subnets(gke)["network-proxy-only"]
+    assert cluster.inputs["network"] == f"{network.name}-id"
+    assert cluster.inputs["subnetwork"] == f"{nodes.name}-id"
+    secondary = {r["rangeName"]: r["ipCidrRange"] for r in nodes.inputs["secondaryIpRanges"]}
+    assert cluster.inputs["ipAllocationPolicy"] == {"clusterSecondaryRangeName": "pods",
+                                                    "servicesSecondaryRangeName": "services"}
+    assert set(secondary) == {"pods", "services"}
+    assert (proxy_only.inputs["purpose"], proxy_only.inputs["role"]) == ("REGIONAL_MANAGED_PROXY", "ACTIVE")
+    assert proxy_only.inputs["network"] == f"{network.name}-id"
+    assert proxy_only.inputs["region"] == nodes.inputs["region"] == cluster.inputs["location"] == REGION
+    assert ipaddress.ip_network(proxy_only.inputs["ipCidrRange"]).prefixlen <= 26
+    ranges = [ipaddress.ip_network(r) for r in (nodes.inputs["ipCidrRange"], *secondary.values(),
+                                                 proxy_only.inputs["ipCidrRange"])]
+    assert not any(a.overlaps(b) for i, a in enumerate(ranges) for b in ranges[i + 1:])
     (gateway,) = objects_of(gke, "Gateway")
-    assert gateway["spec"]["gatewayClassName"] == gke_infra.GATEWAY_CLASS == "gke-l7-global-external-managed"
-    assert gateway["spec"]["listeners"][0]["port"] == 80
-    assert not gke.of_type("gcp:compute/subnetwork:Subnetwork")
+    assert gateway["spec"]["gatewayClassName"] == gke_endpoint.INTERNAL_GATEWAY_CLASS == "gke-l7-rilb"
+    assert [(lis["protocol"], lis["port"]) for lis in gateway["spec"]["listeners"]] == [("HTTP", 80)]
+    assert "network-proxy-only" in closure(gke, "gateway-gateway")
+    # Nothing of a public endpoint: no address, certificate, allowlist or backend policy.
+    assert not [r for r in gke.resources if r.type.startswith("gcp:certificatemanager/")
+                or r.type in (GLOBAL_ADDRESS, SECURITY_POLICY)]
+    assert objects_of(gke, "GCPBackendPolicy") == []
     assert "get gateway dist-ml" in gke.outputs["inferenceAddress"]
+    assert gke.outputs["inferenceUrl"] == "http://<inferenceAddress>/v1/models/fmnist:predict"
+    # From inside: a pod of the cluster is in the network and region; it calls the Gateway's address.
+    assert "kubectl -n dist-ml run" in gke.outputs["inferenceFromInside"]
+    assert "curl -sS http://$(kubectl -n dist-ml get gateway dist-ml" in gke.outputs["inferenceFromInside"]
+    assert f"VPC network dist-ml, region {REGION}" in gke.outputs["inferenceNetwork"]
+
+
+def test_a_zonal_cluster_gets_its_subnets_in_the_zones_region():
+    values = stack_values("gke")
+    cluster = {**json.loads(values["dist-ml:cluster"]), "location": "europe-west4-b"}
+    rendered = render.render("gke", {**values, "dist-ml:cluster": json.dumps(cluster)})
+    assert {s.inputs["region"] for s in subnets(rendered).values()} == {"europe-west4"}
+
+
+def test_a_public_gke_endpoint_serves_https_for_its_domain_and_redirects_plain_http(public_gke):
+    """The global external class takes its certificate from the Certificate Manager map the Gateway's
+    annotation names (no tls block then), and its address from the reserved one it names. The
+    model's route attaches to the HTTPS listener alone; the HTTP listener's one route redirects."""
+    (gateway,) = objects_of(public_gke, "Gateway")
+    assert gateway["spec"]["gatewayClassName"] == gke_endpoint.PUBLIC_GATEWAY_CLASS
+    certificate_map = the(public_gke, "gcp:certificatemanager/certificateMap:CertificateMap")
+    address = the(public_gke, GLOBAL_ADDRESS)
+    assert gateway["metadata"]["annotations"] == {"networking.gke.io/certmap": certificate_map.inputs["name"]}
+    assert gateway["spec"]["addresses"] == [{"type": "NamedAddress", "value": address.inputs["name"]}]
+    listeners = {lis["name"]: lis for lis in gateway["spec"]["listeners"]}
+    model = listeners[cluster_names.MODEL_LISTENER]
+    assert (model["protocol"], model["port"]) == ("HTTPS", 443) and "tls" not in model
+    (plain,) = [lis for lis in listeners.values() if lis["protocol"] == "HTTP"]
+    assert plain["port"] == 80
+    isvc = embedded(template_of(public_gke), "serve")
+    model_route = rollout.http_route(isvc["metadata"]["name"], 10)
+    assert {ref["sectionName"] for ref in model_route["spec"]["parentRefs"]} == {model["name"]}
+    (redirect,) = objects_of(public_gke, "HTTPRoute")
+    gateway_name = gateway["metadata"]["name"]
+    assert redirect["spec"]["parentRefs"] == [{"name": gateway_name, "sectionName": plain["name"]}]
+    assert redirect["spec"]["rules"] == [{"filters": [{"type": "RequestRedirect", "requestRedirect": {
+        "scheme": "https", "statusCode": 301}}]}]  # no backendRefs: nothing reaches the model on HTTP
+    # The certificate: Google-managed for the domain, proven by a DNS authorization, in the map.
+    authorization = the(public_gke, "gcp:certificatemanager/dnsAuthorization:DnsAuthorization")
+    certificate = the(public_gke, "gcp:certificatemanager/certificate:Certificate")
+    entry = the(public_gke, "gcp:certificatemanager/certificateMapEntry:CertificateMapEntry")
+    assert authorization.inputs["domain"] == PUBLIC_DOMAIN
+    assert certificate.inputs["managed"] == {"domains": [PUBLIC_DOMAIN],
+                                             "dnsAuthorizations": [f"{authorization.name}-id"]}
+    assert certificate.inputs["scope"] == "DEFAULT"  # what global external load balancers serve
+    assert (entry.inputs["map"], entry.inputs["hostname"]) == (certificate_map.inputs["name"], PUBLIC_DOMAIN)
+    assert entry.inputs["certificates"] == [f"{certificate.name}-id"]
+    # The Gateway is made once what it names exists; no proxy-only subnet (a global class).
+    assert {address.name, entry.name} <= closure(public_gke, "gateway-gateway")
+    assert "network-proxy-only" not in subnets(public_gke)
+    # Users: the https URL, and the DNS records to publish (A to the address, the authorization's CNAME).
+    assert public_gke.outputs["inferenceUrl"] == f"https://{PUBLIC_DOMAIN}/v1/models/fmnist:predict"
+    records = {(r["type"], r["name"]): r["data"] for r in public_gke.outputs["dnsRecords"]}
+    assert records[("A", f"{PUBLIC_DOMAIN}.")] == public_gke.outputs["publicAddress"]
+    assert ("CNAME", f"_acme-challenge.{PUBLIC_DOMAIN}.") in records
+
+
+def test_every_backend_of_a_public_endpoint_is_behind_an_allowlist_that_denies_the_rest(public_gke):
+    """GKE programs each backend service from the GCPBackendPolicy targeting its Service, in the
+    Service's namespace; a Service without one is served with no Cloud Armor policy. So every Service
+    the model's route can name, the canary's too, has one, made before the Gateway, naming the
+    allowlist, whose rules let the configured ranges in (10 a rule at most) and deny the rest."""
+    isvc = embedded(template_of(public_gke), "serve")
+    namespace = template_of(public_gke)["metadata"]["namespace"]
+    (rule,) = rollout.http_route(isvc["metadata"]["name"], 10)["spec"]["rules"]
+    backends = {backend["name"] for backend in rule["backendRefs"]}
+    armor = the(public_gke, SECURITY_POLICY)
+    policies = objects_of(public_gke, "GCPBackendPolicy")
+    assert {p["spec"]["targetRef"]["name"] for p in policies} == backends == {
+        "fmnist-predictor", "fmnist-canary-predictor"}
+    for policy in policies:
+        assert policy["metadata"]["namespace"] == namespace
+        assert policy["spec"]["targetRef"] == {"group": "", "kind": "Service",
+                                               "name": policy["spec"]["targetRef"]["name"]}
+        assert policy["spec"]["default"] == {"securityPolicy": armor.inputs["name"]}
+    assert {f"gateway-gcpbackendpolicy-{name}" for name in backends} <= closure(public_gke, "gateway-gateway")
+    assert "gcpbackendpolicies.networking.gke.io" in the_command(public_gke, "gateway-crds-ready")
+    assert armor.inputs["type"] == "CLOUD_ARMOR"
+    rules = sorted(render.integral_floats_as_ints(armor.inputs["rules"]), key=lambda rule: rule["priority"])
+    *allow, default = rules
+    assert default["priority"] == 2147483647 and default["action"] == "deny(403)"
+    assert default["match"]["config"]["srcIpRanges"] == ["*"]
+    assert all(r["action"] == "allow" and len(r["match"]["config"]["srcIpRanges"]) <= 10 for r in allow)
+    assert [r for rule in allow for r in rule["match"]["config"]["srcIpRanges"]] == ALLOWED_RANGES
+
+
+def the_command(rendered: render.Rendered, name: str) -> str:
+    (command,) = [r for r in rendered.of_type("command:local:Command") if r.name == name]
+    return command.inputs["create"]
+
+
+def test_every_gateway_keeps_the_gateway_apis_listener_rules(stack, public_gke):
+    """The Gateway CRD's CEL rules (testdata/upstream/gateway-api-v1.2.1, not evaluated by the schema
+    validator): no tls on HTTP, HTTPS with tls terminates, names unique, port+protocol+hostname unique."""
+    for rendered in (stack, public_gke):
+        for gateway in objects_of(rendered, "Gateway"):
+            listeners = gateway["spec"]["listeners"]
+            assert all("tls" not in lis for lis in listeners if lis["protocol"] in ("HTTP", "TCP", "UDP"))
+            assert all(lis["tls"].get("mode", "Terminate") == "Terminate" for lis in listeners
+                       if lis["protocol"] == "HTTPS" and "tls" in lis)
+            assert len({lis["name"] for lis in listeners}) == len(listeners)
+            assert len({(lis["port"], lis["protocol"], lis.get("hostname"))
+                        for lis in listeners}) == len(listeners)
 
 
 def test_monitors_name_ports_that_exist(gke):

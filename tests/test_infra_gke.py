@@ -34,6 +34,7 @@ SERVICE = "gcp:projects/service:Service"  # enables an API, through Service Usag
 # The module of a Google resource type (gcp:<module>/<type>:<Type>) -> the API that creates it.
 MODULE_APIS = {
     "artifactregistry": "artifactregistry.googleapis.com",
+    "certificatemanager": "certificatemanager.googleapis.com",
     "compute": "compute.googleapis.com",
     "container": "container.googleapis.com",
     "logging": "logging.googleapis.com",
@@ -446,6 +447,27 @@ BAD_GKE_CONFIG = [
     ({"dist-ml:cluster": {"kind": "gke", "name": "a-cluster-name-of-25-char"}},
      "cluster.name: must be a GKE cluster name: 1-24"),
     ({"dist-ml:cluster": {"kind": "gke", "location": "us-central"}}, "cluster.location: must be a region"),
+    *[({"dist-ml:cluster": {"kind": "gke", "endpoint": endpoint}}, message) for endpoint, message in (
+        ({"public": True, "allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.domain: is required with public: true: the endpoint serves HTTPS only"),
+        ({"public": True, "domain": "models.example.com"},
+         "cluster.endpoint.allowedSourceRanges: is required with public: true"),
+        ({"public": True, "domain": "models.example.com", "allowedSourceRanges": ["0.0.0.0/0"]},
+         "cluster.endpoint.allowedSourceRanges[0]: 0.0.0.0/0 lets everyone in"),
+        ({"public": True, "domain": "models.example.com", "allowedSourceRanges": ["10.1.2.3/8"]},
+         "cluster.endpoint.allowedSourceRanges[0]: must be an IPv4 range like 203.0.113.0/24, "
+         "got '10.1.2.3/8' (10.1.2.3/8 has host bits set)"),
+        ({"public": True, "domain": "models.example.com", "allowedSourceRanges": ["203.0.113.0"]},
+         "cluster.endpoint.allowedSourceRanges[0]: must be an IPv4 range like 203.0.113.0/24"),
+        ({"public": True, "domain": "*.example.com", "allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.domain: must be a domain name like models.example.com"),
+        ({"public": True, "domain": "localhost", "allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.domain: must be a domain name like models.example.com"),
+        ({"domain": "models.example.com"}, "cluster.endpoint.domain: applies only to a public endpoint"),
+        ({"allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.allowedSourceRanges: applies only to a public endpoint"),
+        ({"public": "yes"}, "cluster.endpoint.public: must be true or false"),
+    )],
     *[({"gcp:project": project}, "gcp:project: must be your GCP project id")
       for project in ("my-gcp-project", "YOUR-PROJECT", "proj1", "ends-with-hyphen-", "9starts-with-digit",
                       "a-project-id-longer-than-thirty")],
@@ -464,6 +486,31 @@ def test_bad_gke_config_fails_naming_the_key_before_any_resource(changes, messag
         else:
             values[key] = json.dumps(value) if isinstance(value, dict) else value
     assert config_error_before_any_resource("gke", values).startswith(f"stack config: {message}")
+
+
+PUBLIC_ENDPOINT = {"public": True, "domain": "models.example.com", "allowedSourceRanges": ["203.0.113.0/24"]}
+
+
+@pytest.fixture(scope="module")
+def public_gke_stack() -> render.Rendered:
+    cluster = json.loads(stack_file_values()["dist-ml:cluster"])
+    return render.render("gke", gke_values(**{"cluster": {**cluster, "endpoint": PUBLIC_ENDPOINT}}))
+
+
+def test_a_public_endpoints_objects_validate_and_its_google_resources_wait_for_their_apis(
+        public_gke_stack, validate_crd):
+    assert validate_all(public_gke_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    kinds = {o["kind"] for o in public_gke_stack.objects}
+    assert {"Gateway", "HTTPRoute", "GCPBackendPolicy"} <= kinds
+    assert "GCPBackendPolicy" in stack_checks.UNCHECKED_KINDS  # no pinned schema: see stack_checks
+    assert types_without_their_api(public_gke_stack.resources) == set()
+    by_name = {resource.name: resource for resource in public_gke_stack.resources}
+    services = {service.name for service in public_gke_stack.of_type(SERVICE)}
+    endpoint = [r for r in public_gke_stack.resources if r.type.startswith(("gcp:certificatemanager/",
+                                                                             "gcp:compute/"))]
+    assert len(endpoint) == 8  # network, 1 subnet, address, authorization, certificate, map, entry, policy
+    for resource in endpoint:
+        assert services <= waits_for(resource, by_name), resource.name
 
 
 def test_gcp_settings_on_the_local_stack_are_errors():

@@ -698,7 +698,8 @@ def test_the_route_splits_between_kserves_predictor_services_and_validates(valid
     # KServe v0.20 Standard mode: Service <isvc>-predictor, port 80 (constants.CommonDefaultHttpPort).
     assert [(b["name"], b["port"], b["weight"]) for b in rule["backendRefs"]] == [
         ("fmnist-predictor", 80, 90), ("fmnist-canary-predictor", 80, 10)]
-    assert route["spec"]["parentRefs"] == [{"name": "dist-ml"}]
+    # The Gateway's model listener alone: never a plain-HTTP listener kept for redirecting to HTTPS.
+    assert route["spec"]["parentRefs"] == [{"name": "dist-ml", "sectionName": "model"}]
     assert "matches" not in rule  # every path: the v1 and v2 protocols, /metrics excepted by nobody
     broken = rollout.http_route("fmnist", 10)
     broken["spec"]["rules"][0]["backendRefs"][0]["weight"] = -1
