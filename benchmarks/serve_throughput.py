@@ -38,9 +38,8 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from common.ports import free_ports
 from serving.loadtest import Report, run_load
-from serving.process import model_server, start_module, stop, wait_until_ready
+from serving.process import listening, model_server, wait_until_ready
 from trainer import fashion_mnist, model_repository
 from trainer.ingest import ingest
 from trainer.serving_contract import IMAGE_BYTES_INPUT, PIXELS_INPUT, PIXELS_SIGNATURE, SERVING_SIGNATURE
@@ -145,15 +144,11 @@ def measure(url: str, pid: int, images: list[bytes], load: Load, seconds: float)
 
 @contextlib.contextmanager
 def stock_server(model_dir: Path, log: Path) -> Iterator[tuple[str, int]]:
-    port = free_ports(1)[0]
-    url = f"http://127.0.0.1:{port}"
-    process = start_module("benchmarks.stock_kserve", "--model-dir", model_dir, "--model-name", MODEL,
-                           "--http-port", port, log=log)
-    try:
+    with listening("benchmarks.stock_kserve", "--model-dir", model_dir, "--model-name", MODEL,
+                   "--http-port", 0, log=log) as (ports, process):
+        url = f"http://127.0.0.1:{ports['http']}"
         wait_until_ready(url, MODEL, process, log)
         yield url, process.pid
-    finally:
-        stop(process)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ a synchronous `predict` that base64-decodes the request's image, opens it with P
 model), one model call per request, no batching, on the ModelServer settings of serving.server.
 
     python -m benchmarks.stock_kserve --model-dir REPO/fmnist/N [--model-name fmnist] [--http-port 8080]
+        [--port-file FILE]
 
 It decodes as our server does for the benchmark's images (28x28 grey PNGs, PIL into the pixels
 signature), so the comparison is of the serving path, not of the decoder.
@@ -22,6 +23,8 @@ import tensorflow as tf
 from kserve import Model, ModelServer
 from PIL import Image
 
+from serving.bound_ports import reporting_bound_ports
+from serving.port_file import PORT_FILE_FLAG, PORT_FILE_HELP, announcing
 from trainer.fashion_mnist import IMAGE_SIZE
 from trainer.serving_contract import PIXELS_SIGNATURE
 
@@ -60,11 +63,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.stock_kserve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True, help="one SavedModel version")
     parser.add_argument("--model-name", default="fmnist")
-    parser.add_argument("--http-port", type=int, default=8080)
+    parser.add_argument("--http-port", type=int, default=8080, help="0: any free port")
+    parser.add_argument(PORT_FILE_FLAG, type=Path, help=PORT_FILE_HELP)
     args = parser.parse_args(argv)
     # serving.server's ModelServer settings: one worker, no gRPC, no per-request latency log lines.
-    ModelServer(http_port=args.http_port, enable_grpc=False, workers=1,
-                enable_latency_logging=False).start([StockModel(args.model_name, args.model_dir)])
+    server = ModelServer(http_port=args.http_port, enable_grpc=False, workers=1, enable_latency_logging=False)
+    reporting_bound_ports(server, announcing("benchmarks.stock_kserve", args.port_file))
+    server.start([StockModel(args.model_name, args.model_dir)])
 
 
 if __name__ == "__main__":

@@ -24,6 +24,12 @@ from cluster_steps.names import (
     TFJOB_GROUP,
     TFJOB_PLURAL,
     TFJOB_VERSION,
+    TRAINJOB_GROUP,
+    TRAINJOB_PLURAL,
+    TRAINJOB_VERSION,
+    WORKLOAD_GROUP,
+    WORKLOAD_PLURAL,
+    WORKLOAD_VERSION,
 )
 
 POLL_SECONDS = 5.0
@@ -85,6 +91,8 @@ class CustomResource:
 INFERENCE_SERVICE = CustomResource("InferenceService", ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL)
 HTTP_ROUTE = CustomResource("HTTPRoute", ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL)
 TFJOB = CustomResource("TFJob", TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL)
+TRAINJOB = CustomResource("TrainJob", TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL)
+WORKLOAD = CustomResource("Workload", WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL)
 
 
 class KubernetesApi:
@@ -201,15 +209,20 @@ def server_message(error: Any) -> str:
 
 
 class TrainApi(KubernetesApi):
-    """cluster_steps.train's Cluster: the step's TFJob and its pods."""
+    """cluster_steps.train's Cluster: the step's TrainJob or TFJob, its pods, and Kueue's Workload."""
 
-    def get_tfjob(self, namespace: str, name: str) -> dict | None:
-        return self._get_custom(TFJOB, namespace, name)
+    def get_job(self, resource: CustomResource, namespace: str, name: str) -> dict | None:
+        return self._get_custom(resource, namespace, name)
 
-    def create_tfjob(self, namespace: str, manifest: dict) -> None:
-        self._create_custom(TFJOB, namespace, manifest)
+    def create_job(self, resource: CustomResource, namespace: str, manifest: dict) -> None:
+        self._create_custom(resource, namespace, manifest)
 
-    def delete_tfjob(self, namespace: str, name: str) -> None:
+    def delete_job(self, resource: CustomResource, namespace: str, name: str) -> None:
         """Deletes the job and, before it is gone, its pods (foreground); one already gone is fine."""
         with contextlib.suppress(NotFound):
-            self._delete_custom(TFJOB, namespace, name, propagation_policy="Foreground")
+            self._delete_custom(resource, namespace, name, propagation_policy="Foreground")
+
+    def list_workloads(self, namespace: str, label_selector: str) -> list[dict]:
+        found = self._objects.list_namespaced_custom_object(
+            WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, label_selector=label_selector)
+        return found["items"]

@@ -1,5 +1,5 @@
-"""The names the stacks, the Argo workflow and the cluster steps (cluster_steps.release) share: the APIs they
-call, the objects' names and the flags between them. Standard library only, so that the Pulumi
+"""The names the stacks, the Argo workflow and the cluster steps (cluster_steps.release, .train) share: the
+APIs they call, the objects' names and the flags between them. Standard library only, so that the Pulumi
 program and the policy pack, each in its own environment, use them without the serving image's
 packages.
 """
@@ -13,6 +13,27 @@ from serving.metric_names import IN_FLIGHT_METRIC, REQUESTS_METRIC
 ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = "kubeflow.org", "v1", "tfjobs"
+TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
+# The engines that train a variant on a cluster (pipeline.engine): Kubeflow Trainer v2's TrainJob, or
+# the training operator v1's TFJob.
+TRAINJOB_ENGINE, TFJOB_ENGINE = "trainjob", "tfjob"
+# How each engine's pods are found: the training operator labels a TFJob's pods with the job's name;
+# JobSet labels its pods with the JobSet's, which Trainer v2 names after the TrainJob.
+TFJOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+# Kueue: the label that puts a job in a LocalQueue, and the one on the Workload it makes for a job.
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+WORKLOAD_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+TRAINING_QUEUE = "dist-ml-training"  # the LocalQueue of the pipeline's namespace (never `default`)
+WORKFLOW_TEMPLATE_NAME = "dist-ml-pipeline"
+# A submitted Workflow's name: the template's, `-` and the 5 characters generateName adds.
+GENERATED_NAME_SUFFIX = 6
+DNS_LABEL_LENGTH = 63
+# Kubernetes ends a Job's pod names with 5 random characters; JobSet's webhook counts them in
+# (jobset v0.12.0 pkg/webhooks/jobset_webhook.go: `<jobset>-<job>-<jobIndex>-<podIndex>-abcde`).
+POD_NAME_SUFFIX = "-abcde"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels the predictor's pods with it
 # The label of a predictor pod's series in Prometheus: the stacks' PodMonitor copies ISVC_LABEL onto
 # them (podTargetLabels) under the name Prometheus Operator gives it (v0.87.1 pkg/prometheus/promcfg.go
@@ -34,6 +55,9 @@ CANARY_SUFFIX = "-canary"
 # Not `<model>`: KServe's own Gateway API mode (off in the stacks) names its top-level route so.
 ROUTE_SUFFIX = "-split"
 GATEWAY_NAME = "dist-ml"  # the Gateway the stacks declare in the system's namespace
+# Its listener for the model (HTTP inside a cluster's network, HTTPS when public): the route attaches
+# to it alone, never to another listener of the Gateway (a plain-HTTP one that redirects to HTTPS).
+MODEL_LISTENER = "model"
 PREDICTOR_SERVICE_PORT = 80  # KServe's port on the predictor's Service (constants.CommonDefaultHttpPort)
 PREDICTOR_CONTAINER = "kserve-container"
 RELEASE_MODULE = "cluster_steps.release"  # the serve and rollout steps' program, in the serving image
@@ -49,12 +73,21 @@ API_CALLS = (
     ("", "pods", "list"),
     ("", "pods/proxy", "get"),  # each predictor pod's /metrics
 )
-# Every API call a train step makes (cluster_steps.train): its job, and the job's pods' states.
-TFJOB_STEP_CALLS = (
-    (TFJOB_GROUP, TFJOB_PLURAL, "get"), (TFJOB_GROUP, TFJOB_PLURAL, "create"),
-    (TFJOB_GROUP, TFJOB_PLURAL, "delete"),
-    ("", "pods", "list"),
-)
+# Every API call a train step makes (cluster_steps.train), per engine: its job, the job's pods' states,
+# and for a TrainJob the Workload Kueue keeps for it (why it waits).
+TRAIN_STEP_CALLS = {
+    TFJOB_ENGINE: (
+        (TFJOB_GROUP, TFJOB_PLURAL, "get"), (TFJOB_GROUP, TFJOB_PLURAL, "create"),
+        (TFJOB_GROUP, TFJOB_PLURAL, "delete"),
+        ("", "pods", "list"),
+    ),
+    TRAINJOB_ENGINE: (
+        (TRAINJOB_GROUP, TRAINJOB_PLURAL, "get"), (TRAINJOB_GROUP, TRAINJOB_PLURAL, "create"),
+        (TRAINJOB_GROUP, TRAINJOB_PLURAL, "delete"),
+        ("", "pods", "list"),
+        (WORKLOAD_GROUP, WORKLOAD_PLURAL, "list"),
+    ),
+}
 
 
 def canary_name(model_name: str) -> str:
@@ -67,6 +100,20 @@ def route_name(model_name: str) -> str:
 
 def predictor_deployment_name(isvc_name: str) -> str:
     return f"{isvc_name}-predictor"  # KServe's name for its Deployment and Service in Standard mode
+TRAIN_PREFIX = "train-"
+
+
+def train_step_name(variant: str) -> str:
+    """`train-cnn-dropout`: step, template and job names must be DNS labels (no underscores)."""
+    return TRAIN_PREFIX + variant.replace("_", "-")
+
+
+def trainjob_name_limit(replicated_jobs: dict[str, int]) -> int:
+    """The longest TrainJob name JobSet's webhook accepts, given each replicated job's pod
+    count: Trainer v2 names the JobSet after the TrainJob, and every pod `<name>-<job>-0-<index>`
+    with Kubernetes' suffix must stay a DNS label (one Job per replicated job: index 0)."""
+    return min(DNS_LABEL_LENGTH - len(f"-{job}-0-{pods - 1}{POD_NAME_SUFFIX}")
+               for job, pods in replicated_jobs.items())
 
 
 def isvc_matcher(isvc_name: str) -> str:

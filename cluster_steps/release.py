@@ -61,6 +61,7 @@ from cluster_steps.names import (
     ISVC_LABEL,
     ISVC_METRIC_LABEL,
     MANIFEST_FLAG,
+    MODEL_LISTENER,
     MODEL_VERSION_ANNOTATION,
     PREDICTOR_CONTAINER,
     PREDICTOR_SERVICE_PORT,
@@ -166,7 +167,8 @@ def http_route(model_name: str, canary_percent: int, labels: Mapping[str, str] |
                          "port": PREDICTOR_SERVICE_PORT, "weight": canary_percent})
     return {"apiVersion": f"{ROUTE_GROUP}/{ROUTE_VERSION}", "kind": "HTTPRoute",
             "metadata": {"name": route_name(model_name), "labels": dict(labels or {})},
-            "spec": {"parentRefs": [{"name": GATEWAY_NAME}], "rules": [{"backendRefs": backends}]}}
+            "spec": {"parentRefs": [{"name": GATEWAY_NAME, "sectionName": MODEL_LISTENER}],
+                     "rules": [{"backendRefs": backends}]}}
 
 
 def _strings(node: Any) -> Iterator[str]:

@@ -1,4 +1,5 @@
-"""The training step on a cluster: create a TFJob and watch it to its end.
+"""The training step on a cluster: create the variant's job, a TrainJob (Kubeflow Trainer v2) or a
+TFJob (the training operator v1), and watch it to its end.
 
     python -m cluster_steps.train --namespace NS --manifest JSON --timeout-seconds 21600
 
@@ -6,41 +7,69 @@ Argo's resource template cannot do this: its conditions cannot select an entry o
 `status.conditions` by type (argoproj/argo-workflows#2288, #7143), and the training operator
 (kubeflow/trainer v1.9.4) marks a job Failed by its backoff limit without counting a failed replica,
 so a crashing job held the workflow for ever. This step fails as soon as the job's Failed condition
-appears, with the operator's reason; at once when a pod waits on something that will not come by
-itself (an image that cannot be pulled); and at --timeout-seconds otherwise, deleting the job so that
-no pod is left running. It succeeds when the job's Succeeded condition appears.
+appears, with the engine's reason (a TrainJob carries its JobSet's: FailedJobs, ReachedMaxRestarts,
+FailJobSetFailurePolicyAction, or Trainer's DeadlineExceeded); at once when a pod waits on something
+that will not come by itself (an image that cannot be pulled, a crash loop); and at --timeout-seconds
+otherwise, deleting the job so that no pod is left running or pending. It succeeds when the job's
+Complete (TrainJob) or Succeeded (TFJob) condition appears.
+
+A TrainJob waits in Kueue's queue, suspended, until the queue's quota admits all of its pods at once:
+that is waiting, not failing. The step says so with Kueue's reason (its Workload's QuotaReserved
+message), and the timeout covers the wait; a Workload Kueue deactivated (it gave up requeueing the
+job) fails the step.
 
 Argo retries the step (retryStrategy): a retry finds the job it created, watches it if it still runs,
-succeeds if it has succeeded, and creates it anew if it failed, so a run that lost a pod to a
-preempted node trains again from the variant's last backup (BackupAndRestore).
+succeeds if it has succeeded, and creates it anew if it failed, so a run that lost its pods (beyond
+what JobSet's or the operator's own restarts absorb) trains again from the variant's last backup
+(BackupAndRestore).
+
+The engines differ in what is read (Engine, one adapter each); the watch is the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any, Callable, Protocol, Sequence
 
-from cluster_steps.kubernetes import ClusterStepError, Timing, TrainApi, pod_failure
-from cluster_steps.names import MANIFEST_FLAG
+from cluster_steps.kubernetes import (
+    TFJOB,
+    TRAINJOB,
+    ClusterStepError,
+    CustomResource,
+    Timing,
+    TrainApi,
+    pod_failure,
+)
+from cluster_steps.names import (
+    DNS_LABEL_LENGTH,
+    JOBSET_NAME_LABEL,
+    MANIFEST_FLAG,
+    TFJOB_NAME_LABEL,
+    WORKLOAD_JOB_UID_LABEL,
+    trainjob_name_limit,
+)
 from common import cli
+from trainer.cluster import NODE_JOB
 
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # the operator labels a job's pods with it
 DEFAULT_TIMEOUT_SECONDS = 6 * 3600.0
 DELETION_TIMEOUT_SECONDS = 300.0  # a failed job and its pods gone (foreground), before the retry
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"  # JobSet's count of its restarts, on pods
 
 
 class TrainingFailed(ClusterStepError):
-    """The TFJob failed, or cannot finish by itself; the message says why."""
+    """The job failed, or cannot finish by itself; the message says why."""
 
 
 class Cluster(Protocol):
     """The API calls the step makes (plain dicts, as the API server sends them)."""
 
-    def get_tfjob(self, namespace: str, name: str) -> dict | None: ...
-    def create_tfjob(self, namespace: str, manifest: dict) -> None: ...
-    def delete_tfjob(self, namespace: str, name: str) -> None: ...
+    def get_job(self, resource: CustomResource, namespace: str, name: str) -> dict | None: ...
+    def create_job(self, resource: CustomResource, namespace: str, manifest: dict) -> None: ...
+    def delete_job(self, resource: CustomResource, namespace: str, name: str) -> None: ...
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]: ...
+    def list_workloads(self, namespace: str, label_selector: str) -> list[dict]: ...
 
 
 def condition(job: dict, kind: str) -> dict | None:
@@ -55,65 +84,9 @@ def described(found: dict) -> str:
     return f"{found.get('reason', '')}: {found.get('message', '')}".strip(": ")
 
 
-def wait_until_gone(cluster: Cluster, namespace: str, name: str, timing: Timing,
-                    timeout_seconds: float) -> None:
-    deadline = timing.clock() + timeout_seconds
-    while cluster.get_tfjob(namespace, name) is not None:
-        if timing.clock() >= deadline:
-            raise TrainingFailed(f"TFJob {namespace}/{name}: still there {timeout_seconds:g} s after "
-                                 "its deletion")
-        timing.sleep(timing.poll_seconds)
+# --- What differs between the engines --------------------------------------------------------------
 
-
-def start(cluster: Cluster, namespace: str, manifest: dict, timing: Timing,
-          say: Callable[[str], None]) -> bool:
-    """Creates the job unless this step's earlier attempt did; a failed one is created anew.
-    Returns whether the job has already succeeded."""
-    name = manifest["metadata"]["name"]
-    current = cluster.get_tfjob(namespace, name)
-    if current is not None and condition(current, "Succeeded"):
-        say(f"tfjob: {namespace}/{name} succeeded in an earlier attempt")
-        return True
-    if current is not None and (failed := condition(current, "Failed")):
-        say(f"tfjob: {namespace}/{name} failed in an earlier attempt ({described(failed)}); creating it "
-            "again: training resumes from its last backup")
-        cluster.delete_tfjob(namespace, name)
-        wait_until_gone(cluster, namespace, name, timing, DELETION_TIMEOUT_SECONDS)
-        current = None
-    if current is None:
-        cluster.create_tfjob(namespace, manifest)
-        say(f"tfjob: created {namespace}/{name}")
-    else:
-        say(f"tfjob: {namespace}/{name} is running from an earlier attempt; watching it")
-    return False
-
-
-def watch(cluster: Cluster, namespace: str, name: str, timeout_seconds: float, timing: Timing,
-          say: Callable[[str], None]) -> str:
-    """Waits for the job's Succeeded condition; raises TrainingFailed on its Failed condition, on a
-    pod that cannot start, when the job vanishes, or at the timeout."""
-    deadline, last = timing.clock() + timeout_seconds, None
-    while True:
-        job = cluster.get_tfjob(namespace, name)
-        if job is None:
-            raise TrainingFailed(f"TFJob {namespace}/{name} was deleted while the step watched it")
-        if found := condition(job, "Succeeded"):
-            return f"TFJob {namespace}/{name} succeeded ({described(found)})"
-        if found := condition(job, "Failed"):
-            raise TrainingFailed(f"TFJob {namespace}/{name} failed: {described(found)}")
-        for pod in cluster.list_pods(namespace, f"{JOB_NAME_LABEL}={name}"):
-            if failure := pod_failure(pod):
-                raise TrainingFailed(f"TFJob {namespace}/{name}: {failure}")
-        if timing.clock() >= deadline:
-            raise TrainingFailed(f"TFJob {namespace}/{name}: not finished after {timeout_seconds:g} s "
-                                 f"({progress(job)})")
-        if (now := progress(job)) != last:
-            say(f"tfjob: {name}: {now}")
-            last = now
-        timing.sleep(timing.poll_seconds)
-
-
-def progress(job: dict) -> str:
+def tfjob_progress(job: dict, pods: list[dict]) -> str:
     """Each replica type's counts, e.g. `Worker: 2 active`."""
     counts = []
     for kind, status in sorted(((job.get("status") or {}).get("replicaStatuses") or {}).items()):
@@ -122,49 +95,189 @@ def progress(job: dict) -> str:
     return "; ".join(counts) or "no replica started yet"
 
 
+def trainjob_progress(job: dict, pods: list[dict]) -> str:
+    """Each replicated job's Jobs (`node: 1 active`), and JobSet's restarts so far, read off its pods."""
+    counts = []
+    for status in (job.get("status") or {}).get("jobsStatus") or []:
+        shown = [f"{status[key]} {key}" for key in ("active", "ready", "succeeded", "failed", "suspended")
+                 if status.get(key)]
+        counts.append(f"{status.get('name')}: {', '.join(shown) or 'no job yet'}")
+    restarts = max((int(pod["metadata"].get("labels", {}).get(RESTART_ATTEMPT_LABEL, 0)) for pod in pods),
+                   default=0)
+    shown = "; ".join(counts) or "no job started yet"
+    return f"{shown} (restarted {restarts} time(s) after a lost pod)" if restarts else shown
+
+
+def tfjob_is_waiting(cluster: Cluster, namespace: str, job: dict) -> str | None:
+    return None  # the training operator starts a TFJob's pods at once; Kueue does not hold TFJobs
+
+
+def trainjob_is_waiting(cluster: Cluster, namespace: str, job: dict) -> str | None:
+    """Why Kueue holds the TrainJob (suspended until its queue admits it), None when it does not.
+    Raises TrainingFailed when Kueue gave up on it (its Workload deactivated)."""
+    if not (job.get("spec") or {}).get("suspend"):
+        return None
+    uid = job["metadata"].get("uid")
+    workloads = cluster.list_workloads(namespace, f"{WORKLOAD_JOB_UID_LABEL}={uid}") if uid else []
+    if not workloads:
+        return "suspended, waiting for Kueue to admit it (no Workload yet)"
+    workload = workloads[0]
+    if (workload.get("spec") or {}).get("active") is False:
+        evicted = condition(workload, "Evicted") or {}
+        raise TrainingFailed(f"Kueue deactivated Workload {workload['metadata']['name']}: "
+                             f"{described(evicted) or 'spec.active is false'}")
+    if reserved := [c for c in (workload.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "QuotaReserved" and c.get("status") == "False"]:
+        return f"queued by Kueue in {workload['spec'].get('queueName')}: {described(reserved[0])}"
+    return f"suspended, Kueue's Workload {workload['metadata']['name']} admitting it"
+
+
+def trainjob_name_limit_of(manifest: dict) -> int:
+    """JobSet's webhook refuses a JobSet whose pod names would pass 63 characters, and Trainer then
+    leaves the TrainJob without any condition (only an event), so the step checks first. The node
+    job's pod names are the longest (the ps job's are shorter for any count below 1000 servers)."""
+    return trainjob_name_limit({NODE_JOB: manifest["spec"]["trainer"]["numNodes"]})
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One engine's side of the step: its resource, the condition that ends it well, how its pods are
+    found, what its progress shows, why it waits, and the longest name its controllers accept."""
+    resource: CustomResource
+    succeeded: str
+    pod_label: str
+    progress: Callable[[dict, list[dict]], str]
+    waiting: Callable[[Cluster, str, dict], str | None]
+    name_limit: Callable[[dict], int]
+
+    @property
+    def kind(self) -> str:
+        return self.resource.kind
+
+
+ENGINES = {engine.kind: engine for engine in (
+    Engine(TFJOB, "Succeeded", TFJOB_NAME_LABEL, tfjob_progress, tfjob_is_waiting,
+           lambda manifest: DNS_LABEL_LENGTH),
+    Engine(TRAINJOB, "Complete", JOBSET_NAME_LABEL, trainjob_progress, trainjob_is_waiting,
+           trainjob_name_limit_of),
+)}
+
+
+# --- The watch, the same for every engine ----------------------------------------------------------
+
+def wait_until_gone(cluster: Cluster, engine: Engine, namespace: str, name: str, timing: Timing,
+                    timeout_seconds: float) -> None:
+    deadline = timing.clock() + timeout_seconds
+    while cluster.get_job(engine.resource, namespace, name) is not None:
+        if timing.clock() >= deadline:
+            raise TrainingFailed(f"{engine.resource.what(namespace, name)}: still there "
+                                 f"{timeout_seconds:g} s after its deletion")
+        timing.sleep(timing.poll_seconds)
+
+
+def start(cluster: Cluster, engine: Engine, namespace: str, manifest: dict, timing: Timing,
+          say: Callable[[str], None]) -> bool:
+    """Creates the job unless this step's earlier attempt did; a failed one is created anew.
+    Returns whether the job has already succeeded."""
+    name = manifest["metadata"]["name"]
+    what = engine.resource.what(namespace, name)
+    current = cluster.get_job(engine.resource, namespace, name)
+    if current is not None and condition(current, engine.succeeded):
+        say(f"{what} succeeded in an earlier attempt")
+        return True
+    if current is not None and (failed := condition(current, "Failed")):
+        say(f"{what} failed in an earlier attempt ({described(failed)}); creating it again: training "
+            "resumes from its last backup")
+        cluster.delete_job(engine.resource, namespace, name)
+        wait_until_gone(cluster, engine, namespace, name, timing, DELETION_TIMEOUT_SECONDS)
+        current = None
+    if current is None:
+        if len(name) > (limit := engine.name_limit(manifest)):
+            raise TrainingFailed(f"{engine.kind} name {name!r} has {len(name)} characters, and its pods' "
+                                 f"names allow {limit}: submit the workflow with a shorter name")
+        cluster.create_job(engine.resource, namespace, manifest)
+        say(f"created {what}")
+    else:
+        say(f"{what} is running from an earlier attempt; watching it")
+    return False
+
+
+def watch(cluster: Cluster, engine: Engine, namespace: str, name: str, timeout_seconds: float,
+          timing: Timing, say: Callable[[str], None]) -> str:
+    """Waits for the job's success condition; raises TrainingFailed on its Failed condition, on a pod
+    that cannot start, when the job vanishes, or at the timeout (a wait in Kueue's queue included)."""
+    what = engine.resource.what(namespace, name)
+    deadline, last = timing.clock() + timeout_seconds, None
+    while True:
+        job = cluster.get_job(engine.resource, namespace, name)
+        if job is None:
+            raise TrainingFailed(f"{what} was deleted while the step watched it")
+        if found := condition(job, engine.succeeded):
+            return f"{what} succeeded ({described(found)})"
+        if found := condition(job, "Failed"):
+            raise TrainingFailed(f"{what} failed: {described(found)}")
+        pods = cluster.list_pods(namespace, f"{engine.pod_label}={name}")
+        for pod in pods:
+            if failure := pod_failure(pod):
+                raise TrainingFailed(f"{what}: {failure}")
+        now = engine.waiting(cluster, namespace, job) or engine.progress(job, pods)
+        if timing.clock() >= deadline:
+            raise TrainingFailed(f"{what}: not finished after {timeout_seconds:g} s ({now})")
+        if now != last:
+            say(f"{name}: {now}")
+            last = now
+        timing.sleep(timing.poll_seconds)
+
+
 def run(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: float,
         timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
     """The step: the job created (or found) and watched to its end. A job this step gives up on is
     deleted, so that none of its pods keeps running or pending."""
+    engine = ENGINES[manifest["kind"]]
     name = manifest["metadata"]["name"]
-    if start(cluster, namespace, manifest, timing, say):
-        return f"TFJob {namespace}/{name} succeeded"
+    if start(cluster, engine, namespace, manifest, timing, say):
+        return f"{engine.resource.what(namespace, name)} succeeded"
     try:
-        return watch(cluster, namespace, name, timeout_seconds, timing, say)
+        return watch(cluster, engine, namespace, name, timeout_seconds, timing, say)
     except TrainingFailed:
-        job = cluster.get_tfjob(namespace, name)
+        job = cluster.get_job(engine.resource, namespace, name)
         if job is not None and not condition(job, "Failed"):  # a failed job is kept for its logs
-            cluster.delete_tfjob(namespace, name)
-            say(f"tfjob: deleted {namespace}/{name}")
+            cluster.delete_job(engine.resource, namespace, name)
+            say(f"deleted {engine.resource.what(namespace, name)}")
         raise
 
 
-def tfjob_arg(text: str) -> dict[str, Any]:
+def job_arg(text: str) -> dict[str, Any]:
     try:
         manifest = json.loads(text)
-        if manifest["kind"] != "TFJob":
+        if manifest["kind"] not in ENGINES:
             raise ValueError(f"kind {manifest['kind']!r}")
         manifest["metadata"]["name"]
     except (ValueError, KeyError, TypeError) as error:
-        raise argparse.ArgumentTypeError(f"not a TFJob manifest ({type(error).__name__}: {error})") from None
+        raise argparse.ArgumentTypeError(f"not a {' or '.join(ENGINES)} manifest "
+                                         f"({type(error).__name__}: {error})") from None
     return manifest
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="cluster_steps.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--namespace", required=True)
-    parser.add_argument(MANIFEST_FLAG, type=tfjob_arg, required=True, help="the TFJob, as JSON")
+    parser.add_argument(MANIFEST_FLAG, type=job_arg, required=True, help="the TrainJob or TFJob, as JSON")
     parser.add_argument("--timeout-seconds", type=cli.positive_float, default=DEFAULT_TIMEOUT_SECONDS,
-                        help="longest the job may take, its pods' restarts included")
+                        help="longest the job may take, its wait in a queue and its restarts included")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        print(f"tfjob: {run(TrainApi(), args.namespace, args.manifest, args.timeout_seconds)}")
+        print(f"train: {run(TrainApi(), args.namespace, args.manifest, args.timeout_seconds, say=log)}")
     except ClusterStepError as error:  # the job failed, or an API call the step could not make
-        raise SystemExit(f"tfjob: {error}") from None
+        raise SystemExit(f"train: {error}") from None
+
+
+def log(line: str) -> None:
+    print(f"train: {line}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ import pulumi_gcp as gcp
 # API -> what of the stack needs it. Service Usage (serviceusage.googleapis.com), the API that
 # enables these, is on in every new project and cannot be enabled through itself.
 GCP_APIS: dict[str, str] = {
-    "compute.googleapis.com": "the cluster's VPC network and node VMs, and the Gateway's load balancer",
+    "compute.googleapis.com": "the cluster's VPC network and node VMs, the Gateway's load balancer, its "
+                              "public address and Cloud Armor allowlist",
+    "certificatemanager.googleapis.com": "a public endpoint's Google-managed certificate and its map",
     "container.googleapis.com": "the GKE cluster and its node pools",
     "artifactregistry.googleapis.com": "the image repository and its reader grant; image pushes and pulls",
     "iam.googleapis.com": "the Google service accounts and the Workload Identity bindings on them",

@@ -9,6 +9,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from infra.network import PODS_RANGE_NAME, SERVICES_RANGE_NAME, GkeNetwork
+
 # GKE's own taint on GPU nodes, and ours on spot nodes: only training pods tolerate them.
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}
@@ -23,12 +25,51 @@ NODE_PROJECT_ROLES = ("roles/container.defaultNodeServiceAccount",)
 IMAGE_READER_ROLE = "roles/artifactregistry.reader"
 NODE_ACCOUNT_SUFFIX = "-nodes"  # the nodes' service account is <cluster name>-nodes
 # GKE's Gateway controller, with the standard channel's CRDs (Gateway, HTTPRoute, ...), installed by GKE.
+# It needs a VPC-native cluster and the HttpLoadBalancing add-on (on by default; said here).
 GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
-# Its GatewayClass for the model's route: a global external Application Load Balancer, which splits
-# traffic by backendRef weights and, unlike the regional classes (gke-l7-regional-external-managed,
-# gke-l7-rilb), needs no proxy-only subnet in the VPC. Its listener serves plain HTTP on port 80.
-GATEWAY_CLASS = "gke-l7-global-external-managed"
-GATEWAY_LISTENER_PORT = 80
+VPC_NATIVE = "VPC_NATIVE"
+
+
+# Memory per vCPU (GiB: Compute Engine's GB is 2**30 bytes) of the predefined machine types
+# `<series>-<type>-<vCPUs>`, from Compute Engine's machine family pages; others need their size given.
+MEMORY_PER_VCPU = {
+    "e2": {"standard": 4, "highmem": 8, "highcpu": 1},
+    "n1": {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9},
+    "n2": {"standard": 4, "highmem": 8, "highcpu": 1}, "n2d": {"standard": 4, "highmem": 8, "highcpu": 1},
+    "n4": {"standard": 4, "highmem": 8, "highcpu": 2}, "c2": {"standard": 4}, "c3": {"standard": 4},
+    "g2": {"standard": 4},
+}
+# What GKE keeps of a Standard node for itself (its node allocatable page): of CPU, 6% of the first
+# core, 1% of the second, 0.5% of the next two and 0.25% of the rest; of memory, 25% of the first
+# 4 GiB, 20% of the next 4, 10% of the next 8, 6% of the next 112 and 2% of the rest, plus the
+# kubelet's 100 MiB eviction threshold. Each as (up to this much, this share of it).
+CPU_RESERVED = ((1, 0.06), (2, 0.01), (4, 0.005), (float("inf"), 0.0025))
+MEMORY_RESERVED_GIB = ((4, 0.25), (8, 0.20), (16, 0.10), (128, 0.06), (float("inf"), 0.02))
+EVICTION_THRESHOLD_GIB = 100 / 1024
+
+
+def machine_size(machine_type: str) -> tuple[int, float] | None:
+    """vCPUs and GiB of memory of a predefined machine type, None for one this table does not know."""
+    series, _, rest = machine_type.partition("-")
+    kind, _, vcpus = rest.partition("-")
+    per_vcpu = MEMORY_PER_VCPU.get(series, {}).get(kind)
+    if per_vcpu is None or not vcpus.isdigit():
+        return None
+    return int(vcpus), int(vcpus) * per_vcpu
+
+
+def _reserved(amount: float, tiers: tuple[tuple[float, float], ...]) -> float:
+    reserved, below = 0.0, 0.0
+    for up_to, share in tiers:
+        reserved += max(0.0, min(amount, up_to) - below) * share
+        below = up_to
+    return reserved
+
+
+def allocatable(vcpus: int, memory_gib: float) -> tuple[float, float]:
+    """What pods may request on one node: CPUs and GiB of memory."""
+    return (vcpus - _reserved(vcpus, CPU_RESERVED),
+            memory_gib - _reserved(memory_gib, MEMORY_RESERVED_GIB) - EVICTION_THRESHOLD_GIB)
 
 
 def toleration(taint: dict) -> dict:
@@ -70,6 +111,7 @@ class GkeClusterArgs:
     deletion_protection: bool
     node_pools: dict[str, NodePoolArgs]  # pool name -> settings; "cpu" always present
     image_repository: gcp.artifactregistry.Repository  # where the nodes pull the pods' images from
+    network: GkeNetwork  # the VPC and the nodes' subnet, with the pods' and Services' ranges
 
 
 def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
@@ -116,9 +158,15 @@ class GkeCluster(pulumi.ComponentResource):
             deletion_protection=args.deletion_protection,
             release_channel={"channel": args.release_channel},
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
-            addons_config={"gcs_fuse_csi_driver_config": {"enabled": True}},
+            addons_config={"gcs_fuse_csi_driver_config": {"enabled": True},
+                           "http_load_balancing": {"disabled": False}},
             # The rollout's HTTPRoute splits requests between the stable and the canary predictor.
             gateway_api_config={"channel": GATEWAY_API_CHANNEL},
+            network=args.network.network.id,
+            subnetwork=args.network.nodes.id,
+            networking_mode=VPC_NATIVE,
+            ip_allocation_policy={"cluster_secondary_range_name": PODS_RANGE_NAME,
+                                  "services_secondary_range_name": SERVICES_RANGE_NAME},
             opts=child,
         )
         node_account, node_grants = self._node_service_account(name, args, child)

@@ -35,12 +35,14 @@ class K3dClusterArgs:
     servers: int
     agents: int
     k3s_image: str
-    ports: tuple[tuple[int, int], ...]  # (host port, load balancer port)
+    ports: tuple[tuple[str, int, int], ...]  # (host address, host port, load balancer port)
 
 
 def create_command(args: K3dClusterArgs) -> str:
     flags = [f"--servers={args.servers}", f"--agents={args.agents}", f"--image={args.k3s_image}",
-             *(f"--port={host}:{container}@loadbalancer" for host, container in args.ports),
+             # k3d's `[HOST:][HOSTPORT:]CONTAINERPORT@NODEFILTER`: without HOST, Docker binds every interface.
+             *(f"--port={address}:{host}:{container}@loadbalancer"
+               for address, host, container in args.ports),
              "--kubeconfig-update-default=false", "--wait"]
     return shlex.join(["k3d", "cluster", "create", args.name, *flags])
 

@@ -1,12 +1,15 @@
 """Monitoring: kube-prometheus-stack, a PodMonitor for our predictor, a ServiceMonitor for the training
-operator, and a Grafana dashboard of the system (request rate, latency p50/p99, predictor replicas,
-TFJob outcomes).
+engine (Kueue, which queues the TrainJobs, or the training operator), and a Grafana dashboard of the
+system (request rate, latency p50/p99, predictor replicas, the training queue or TFJob outcomes).
 
 Each monitor names a port that exists: our server serves /metrics on its HTTP port, which the
 InferenceService names; the predictor's monitor covers the stable and the canary InferenceService and
 labels their series with which one (what KEDA's queries select, cluster_steps.names.load_query); the
-training operator's container port 8080 has no name upstream, its Service's port does
-(`monitoring-port`). KServe's TF Serving runtime serves no Prometheus metrics
+training operator's container port 8080 has no name upstream, its
+Service's port does (`monitoring-port`); Kueue's metrics Service names its port `https` and serves
+/metrics to a caller whose token may GET it (kube-prometheus-stack's Prometheus may: its ClusterRole
+grants GET on /metrics), over TLS with Kueue's own certificate (the chart's ServiceMonitor skips its
+verification too). KServe's TF Serving runtime serves no Prometheus metrics
 unless given a monitoring config, so with runtime `tensorflow` the predictor has no monitor.
 """
 
@@ -18,7 +21,9 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster_steps.names import ISVC_LABEL, canary_name
+from cluster_steps.names import ISVC_LABEL, TRAINJOB_ENGINE, canary_name
+from infra.platform import KUEUE_NAMESPACE
+from infra.queue import CLUSTER_QUEUE
 from pipeline.manifests import PART_OF, PREDICTOR_PORT_NAME
 
 NAMESPACE = "monitoring"
@@ -33,6 +38,12 @@ TRAINING_OPERATOR_NAMESPACE = "kubeflow"
 # The training operator's Service (manifests/base/service.yaml of kubeflow/trainer v1.9.x).
 TRAINING_OPERATOR_SERVICE_LABELS = {"app": "training-operator"}
 TRAINING_OPERATOR_METRICS_PORT = "monitoring-port"
+# Kueue's metrics Service (kueue v0.19.2 charts/kueue: metricsService, its labels in _helpers.tpl).
+KUEUE_METRICS_SERVICE_LABELS = {"app.kubernetes.io/name": "kueue",
+                                "app.kubernetes.io/component": "metrics-service"}
+KUEUE_METRICS_ENDPOINT = {"port": "https", "path": "/metrics", "scheme": "https",
+                          "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                          "tlsConfig": {"insecureSkipVerify": True}}
 # Values: helm.v4.Chart skips Helm hooks, and the chart's admission-webhook certificate jobs are
 # hooks; without them the operator's webhook and TLS would wait for a secret that never comes.
 CHART_VALUES = {
@@ -52,7 +63,19 @@ def panel(title: str, expressions: dict[str, str], unit: str, x: int, y: int) ->
                         for index, (legend, expr) in enumerate(expressions.items())]}
 
 
-def dashboard(namespace: str, model_name: str) -> dict:
+def training_panel(namespace: str, engine: str) -> dict:
+    """TrainJobs waiting in and admitted by Kueue's queue, or the training operator's TFJob counts."""
+    if engine == TRAINJOB_ENGINE:
+        queue = f'cluster_queue="{CLUSTER_QUEUE}"'
+        return panel("Training queue", {"pending": f"sum(kueue_pending_workloads{{{queue}}})",
+                                        "admitted": f"sum(kueue_admitted_active_workloads{{{queue}}})"},
+                     "short", 12, 8)
+    return panel("TFJobs", {
+        name: f'sum(training_operator_jobs_{name}_total{{job_namespace="{namespace}"}})'
+        for name in ("created", "successful", "failed", "restarted")}, "short", 12, 8)
+
+
+def dashboard(namespace: str, model_name: str, engine: str) -> dict:
     latency = "histogram_quantile({q}, sum by (le) (rate(dist_ml_request_seconds_bucket[5m])))"
     return {
         "title": "dist-ml", "uid": "dist-ml", "schemaVersion": 39, "time": {"from": "now-1h", "to": "now"},
@@ -64,9 +87,7 @@ def dashboard(namespace: str, model_name: str) -> dict:
             panel("Predictor replicas", {"available": (
                 f'sum(kube_deployment_status_replicas_available{{namespace="{namespace}", '
                 f'deployment=~"{model_name}-predictor.*"}})')}, "short", 0, 8),
-            panel("TFJobs", {
-                name: f'sum(training_operator_jobs_{name}_total{{job_namespace="{namespace}"}})'
-                for name in ("created", "successful", "failed", "restarted")}, "short", 12, 8),
+            training_panel(namespace, engine),
         ],
     }
 
@@ -86,21 +107,29 @@ def prometheus_url(component: str) -> str:
 
 
 def monitor(kind: str, name: str, namespace: str, selector: dict, endpoint: dict, **spec: object) -> dict:
-    """A PodMonitor or ServiceMonitor scraping /metrics on `endpoint` (its port, and more)."""
+    """A PodMonitor or ServiceMonitor scraping `endpoint` (its port, path, ...) of what `selector`
+    selects; `spec`: more of the monitor's spec."""
     endpoints = "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind,
             "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
-            "spec": {"selector": selector, endpoints: [{**endpoint, "path": "/metrics"}], **spec}}
+            "spec": {"selector": selector, endpoints: [endpoint], **spec}}
 
 
-def monitors(namespace: str, model_name: str, runtime: str) -> list[dict]:
-    found = [monitor("ServiceMonitor", "training-operator", TRAINING_OPERATOR_NAMESPACE,
-                     {"matchLabels": TRAINING_OPERATOR_SERVICE_LABELS},
-                     {"port": TRAINING_OPERATOR_METRICS_PORT})]
+def metrics_on(port: str) -> dict:
+    return {"port": port, "path": "/metrics"}
+
+
+def monitors(namespace: str, model_name: str, runtime: str, engine: str) -> list[dict]:
+    found = ([monitor("ServiceMonitor", "kueue", KUEUE_NAMESPACE,
+                      {"matchLabels": KUEUE_METRICS_SERVICE_LABELS}, dict(KUEUE_METRICS_ENDPOINT))]
+             if engine == TRAINJOB_ENGINE else
+             [monitor("ServiceMonitor", "training-operator", TRAINING_OPERATOR_NAMESPACE,
+                      {"matchLabels": TRAINING_OPERATOR_SERVICE_LABELS},
+                      metrics_on(TRAINING_OPERATOR_METRICS_PORT))])
     if runtime == "custom":
         predictors = {"key": ISVC_LABEL, "operator": "In", "values": [model_name, canary_name(model_name)]}
         found.append(monitor("PodMonitor", "dist-ml-predictor", namespace, {"matchExpressions": [predictors]},
-                             {"port": PREDICTOR_PORT_NAME, "interval": PREDICTOR_SCRAPE_INTERVAL},
+                             {**metrics_on(PREDICTOR_PORT_NAME), "interval": PREDICTOR_SCRAPE_INTERVAL},
                              podTargetLabels=[ISVC_LABEL]))
     return found
 
@@ -111,8 +140,9 @@ class MonitoringArgs:
     namespace: str  # the system's
     model_name: str
     runtime: str  # the predictor's: custom or tensorflow
+    engine: str  # pipeline.engine: what trains, and so what to monitor
     provider: k8s.Provider
-    depends_on: list[pulumi.Resource]  # the training operator's install, the system's namespace
+    depends_on: list[pulumi.Resource]  # the training engine's install, the system's namespace
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -126,7 +156,7 @@ class Monitoring(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace]))
         after_chart = pulumi.ResourceOptions(parent=self, provider=args.provider,
                                              depends_on=[chart, *args.depends_on])
-        for manifest in monitors(args.namespace, args.model_name, args.runtime):
+        for manifest in monitors(args.namespace, args.model_name, args.runtime, args.engine):
             k8s.apiextensions.CustomResource(
                 f"{name}-{manifest['metadata']['name']}", api_version=manifest["apiVersion"],
                 kind=manifest["kind"], metadata=manifest["metadata"], spec=manifest["spec"], opts=after_chart)
@@ -134,6 +164,7 @@ class Monitoring(pulumi.ComponentResource):
             f"{name}-dashboard",
             metadata={"name": "dist-ml-dashboard", "namespace": NAMESPACE,
                       "labels": {"grafana_dashboard": "1", **PART_OF}},
-            data={"dist-ml.json": json.dumps(dashboard(args.namespace, args.model_name), indent=2)},
+            data={"dist-ml.json": json.dumps(dashboard(args.namespace, args.model_name, args.engine),
+                                             indent=2)},
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace]))
         self.register_outputs({})

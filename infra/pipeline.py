@@ -1,7 +1,7 @@
-"""The pipeline on the cluster: its WorkflowTemplate (rendered by pipeline.argo), the memo cache in
-Argo's namespace with the controller's right to write it, one service account for the workflow's pods
-(allowed exactly what they do) and one for the TFJob pods (allowed nothing), and optionally a
-Workflow that runs it once."""
+"""The pipeline on the cluster: its WorkflowTemplate (rendered by pipeline.argo), the training runtimes
+its TrainJobs name (cluster-scoped), the memo cache in Argo's namespace with the controller's right
+to write it, one service account for the workflow's pods (allowed exactly what they do) and one for
+the training pods (allowed nothing), and optionally a Workflow that runs it once."""
 
 from __future__ import annotations
 
@@ -10,22 +10,26 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster_steps.names import API_CALLS, TFJOB_STEP_CALLS
+from cluster_steps.names import API_CALLS, TRAIN_STEP_CALLS, TRAINJOB_ENGINE
 from infra.accounts import bound_role, service_account
 from infra.awaits import SKIP_AWAIT
 from pipeline import argo
 from pipeline.config import PipelineConfig
-from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, ClusterTarget
+from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, TRAINJOB_API_VERSION, ClusterTarget, runtime_names
 
-# What the workflow's pods do with their service account, and nothing more: Argo's emissary executor
-# reports results; train steps create, watch and (when giving up or retrying) delete their TFJobs and
-# read their pods; the serve step creates or replaces the InferenceService and reads its Deployment
-# and pods to see the rollout.
-WORKFLOW_POD_RULES = [
-    {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
-    *({"apiGroups": [group], "resources": [resource], "verbs": [verb]}
-      for group, resource, verb in sorted(set(TFJOB_STEP_CALLS) | set(API_CALLS))),
-]
+EXECUTOR_RULE = {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"],
+                 "verbs": ["create", "patch"]}
+
+
+def workflow_pod_rules(engine: str) -> list[dict]:
+    """What the workflow's pods do with their service account, and nothing more: Argo's emissary
+    executor reports results; train steps create, watch and (when giving up or retrying) delete their
+    engine's jobs, read their pods and, for a TrainJob, Kueue's Workload; the serve step creates or
+    replaces the InferenceService and reads its Deployment and pods to see the rollout."""
+    calls = sorted(set(TRAIN_STEP_CALLS[engine]) | set(API_CALLS))
+    return [EXECUTOR_RULE, *({"apiGroups": [group], "resources": [resource], "verbs": [verb]}
+                             for group, resource, verb in calls)]
+
 MEMO_CACHE_RULES = [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [argo.MEMO_CACHE_NAME],
                      "verbs": ["get", "update"]},
                     # create cannot be limited to a name: the name is not known before the object exists.
@@ -43,14 +47,15 @@ class PipelineArgs:
     service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
 
 
-def custom_resource(name: str, kind: str, manifest: pulumi.Output[dict], namespace: str,
-                    opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource:
-    """A typed CustomResource of a rendered manifest (an Output, as the images may be). Its kind
-    and API version are plain strings: they make the resource's type."""
-    return k8s.apiextensions.CustomResource(
-        name, api_version=argo.API_VERSION, kind=kind,
-        metadata=manifest["metadata"].apply(lambda metadata: {**metadata, "namespace": namespace}),
-        spec=manifest["spec"], opts=opts)
+def custom_resource(name: str, api_version: str, kind: str, manifest: pulumi.Output[dict],
+                    namespace: str | None, opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource:
+    """A typed CustomResource of a rendered manifest (an Output, as the images may be), in `namespace`
+    (None: cluster-scoped). Its kind and API version are plain strings: they make the resource's type."""
+    metadata = manifest["metadata"]
+    if namespace is not None:
+        metadata = metadata.apply(lambda metadata: {**metadata, "namespace": namespace})
+    return k8s.apiextensions.CustomResource(name, api_version=api_version, kind=kind, metadata=metadata,
+                                            spec=manifest["spec"], opts=opts)
 
 
 class PipelineResources(pulumi.ComponentResource):
@@ -63,9 +68,9 @@ class PipelineResources(pulumi.ComponentResource):
         identities = [
             service_account(f"{name}-service-account", workflow_account, args.namespace,
                             args.service_account_annotations, on_cluster),
-            bound_role(name, workflow_account, args.namespace, WORKFLOW_POD_RULES, args.namespace,
-                       workflow_account, on_cluster),
-            # TFJob pods read and write storage and call no Kubernetes API.
+            bound_role(name, workflow_account, args.namespace, workflow_pod_rules(args.config.engine),
+                       args.namespace, workflow_account, on_cluster),
+            # Training pods read and write storage and call no Kubernetes API.
             service_account(f"{name}-trainer-service-account", TRAINER_SERVICE_ACCOUNT, args.namespace,
                             args.service_account_annotations, on_cluster),
         ]
@@ -81,13 +86,21 @@ class PipelineResources(pulumi.ComponentResource):
             lambda target: argo.render_objects(args.config, target))
         needs = pulumi.ResourceOptions(parent=self, provider=args.provider,
                                        depends_on=[*args.depends_on, *identities, memo_cache, cache_writer])
+        # Before the template: a TrainJob naming a runtime that is not there is refused (by Trainer's
+        # webhook and Kueue's).
+        runtimes = ([custom_resource(f"{name}-{runtime}", TRAINJOB_API_VERSION, "ClusterTrainingRuntime",
+                                     objects[argo.runtime_file(runtime)], None, needs)
+                     for runtime in runtime_names(args.config)]
+                    if args.config.engine == TRAINJOB_ENGINE else [])
+        needs = pulumi.ResourceOptions.merge(needs, pulumi.ResourceOptions(depends_on=runtimes))
         self.workflow_template = custom_resource(
-            f"{name}-workflow-template", "WorkflowTemplate", objects["workflowtemplate.yaml"],
-            args.namespace, needs)
+            f"{name}-workflow-template", argo.API_VERSION, "WorkflowTemplate",
+            objects["workflowtemplate.yaml"], args.namespace, needs)
         if args.run_on_up:
             # Pulumi names it (pipeline-run-<suffix>) in place of Argo's generateName.
             run = objects["workflow.yaml"].apply(lambda workflow: {**workflow, "metadata": {
                 "labels": workflow["metadata"]["labels"], "annotations": SKIP_AWAIT}})
-            custom_resource(f"{name}-run", "Workflow", run, args.namespace, pulumi.ResourceOptions.merge(
-                needs, pulumi.ResourceOptions(depends_on=[self.workflow_template])))
+            custom_resource(f"{name}-run", argo.API_VERSION, "Workflow", run, args.namespace,
+                            pulumi.ResourceOptions.merge(
+                                needs, pulumi.ResourceOptions(depends_on=[self.workflow_template])))
         self.register_outputs({"workflowTemplate": self.workflow_template.metadata["name"]})

@@ -39,9 +39,10 @@ KUBECTL_MIN: Version = (1, 32)
 GCLOUD_MIN: Version = (400, 0)
 # The plugin has no minimum of its own: it is a gcloud component, updated with the SDK.
 GKE_AUTH_PLUGIN_MIN: Version = ()
-# Pulumi's Kubernetes provider builds the training operator's kustomize overlay (infra/platform.py)
-# from its GitHub URL, and kustomize fetches it with the git on PATH: init, remote add, a shallow
-# fetch of the tag, checkout. Those commands predate git 2.0, so no minimum: only that it runs.
+# Pulumi's Kubernetes provider builds Kubeflow Trainer's (or the training operator's) kustomize
+# overlay (infra/platform.py) from its GitHub URL, and kustomize fetches it with the git on PATH:
+# init, remote add, a shallow fetch of the tag, checkout. Those commands predate git 2.0, so no
+# minimum: only that it runs.
 GIT_MIN: Version = ()
 
 

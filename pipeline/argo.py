@@ -3,16 +3,18 @@ ConfigMap that holds ingest's memo.
 
     python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
 
-Each training step creates its TFJob and watches its conditions (`cluster_steps.train`): it fails
-with the job's reason, retries a failed job from its backup, and is bounded by
-pipeline.trainTimeout. Select publishes the next version and outputs its number;
-serve deploys that version (`cluster_steps.release deploy`): the first one, or any with
-pipeline.rollout.canaryPercent 0, as the stable InferenceService, a later one as the canary beside it
-with that share of the route's requests, and succeeds only once every replica serves it. The rollout
-step (`cluster_steps.release decide`) waits for the canary's evidence (minRequests or maxWait), decides,
-and promotes or rolls back; its decision is the step's output `decision`. `render_objects` is what the
-Pulumi programs declare; the workflow, not Pulumi, owns the InferenceServices and the route, because
-only a run knows which version each serves and what share the canary has.
+Each training step creates its TrainJob (pipeline.engine trainjob, on our TensorFlow runtime, queued
+by Kueue) or TFJob and watches its conditions (`cluster_steps.train`): it fails with the job's
+reason, retries a failed job from its backup, and is bounded by pipeline.trainTimeout. Select
+publishes the next version and outputs its number; serve deploys that version
+(`cluster_steps.release deploy`): the first one, or any with pipeline.rollout.canaryPercent 0, as the
+stable InferenceService, a later one as the canary beside it with that share of the route's
+requests, and succeeds only once every replica serves it. The rollout step (`cluster_steps.release
+decide`) waits for the canary's evidence (minRequests or maxWait), decides, and promotes or rolls
+back; its decision is the step's output `decision`. `render_objects` is what the Pulumi programs
+declare (with trainjob, also the training runtimes the TrainJobs name); the workflow, not Pulumi,
+owns the InferenceServices and the route, because only a run knows which version each serves and
+what share the canary has.
 
 Each step becomes the template its kind's handler renders (TEMPLATES; a kind without one is an error
 naming the step). The DAG passes a template's input parameters from the dependency whose template
@@ -32,7 +34,14 @@ import re
 from pathlib import Path
 from typing import Callable, Mapping
 
-from cluster_steps.names import MANIFEST_FLAG, RELEASE_MODULE, TRAIN_STEP_MODULE
+from cluster_steps.names import (
+    MANIFEST_FLAG,
+    RELEASE_MODULE,
+    TFJOB_ENGINE,
+    TRAIN_STEP_MODULE,
+    TRAINJOB_ENGINE,
+    WORKFLOW_TEMPLATE_NAME,
+)
 from common.yaml_text import to_yaml
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
@@ -51,10 +60,11 @@ from pipeline.manifests import (
     container,
     inference_service,
     tfjob,
+    training_runtimes,
+    trainjob,
 )
 from trainer.dataset_files import MANIFEST_NAME
 
-WORKFLOW_TEMPLATE_NAME = "dist-ml-pipeline"
 MEMO_CACHE_NAME = "dist-ml-memoize"
 MEMO_CACHE_LABEL = "workflows.argoproj.io/configmap-type"
 ENTRYPOINT = "pipeline"
@@ -71,6 +81,10 @@ DEPLOYED_VERSION_FILE = "/tmp/deployed-version"  # serve writes it, for the roll
 DECISION_FILE = "/tmp/rollout-decision.json"  # the rollout step writes it; Argo keeps it as an output
 ROLLOUT_TIMEOUT_SECONDS = 900  # one InferenceService's rollout
 TRAIN_DEADLINE_MARGIN_SECONDS = 300  # past a train step's own timeout: deleting its job
+# A cluster step only calls the API and waits: every variant's train step runs at once beside the
+# TrainJobs Kueue admits, so each asks for little (a Python process with the kubernetes client).
+CLUSTER_STEP_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"},
+                          "limits": {"cpu": "500m", "memory": "512Mi"}}
 
 
 def retry_strategy(step: Step) -> dict:
@@ -107,10 +121,16 @@ def select_template(config: PipelineConfig, step: Step, target: ClusterTarget) -
                 {"name": VERSION_PARAMETER, "valueFrom": {"path": PUBLISHED_VERSION_FILE}}]}}
 
 
+# pipeline.engine -> the job a training step creates.
+TRAINING_JOBS: dict[str, Callable[[PipelineConfig, Step, ClusterTarget], dict]] = {
+    TRAINJOB_ENGINE: trainjob, TFJOB_ENGINE: tfjob}
+
+
 def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
-    """Creates the step's TFJob and watches it to its end (cluster_steps.train says why not a resource
-    template). The job belongs to the workflow: deleting the workflow deletes it and its pods."""
-    manifest = tfjob(config, step, target)
+    """Creates the step's TrainJob or TFJob and watches it to its end (cluster_steps.train says why
+    not a resource template). The job belongs to the workflow: deleting the workflow deletes it and
+    its pods."""
+    manifest = TRAINING_JOBS[config.engine](config, step, target)
     manifest["metadata"]["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "Workflow",
                                                 "name": "{{workflow.name}}", "uid": "{{workflow.uid}}"}]
     timeout = config.train_timeout_seconds
@@ -120,18 +140,17 @@ def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
         # again and training resumes from the variant's backup.
         "retryStrategy": retry_strategy(step),
         "activeDeadlineSeconds": timeout + TRAIN_DEADLINE_MARGIN_SECONDS,  # a backstop past the step's own
-        "container": cluster_step_container(config, target, TRAIN_STEP_MODULE, [
+        "container": cluster_step_container(target, TRAIN_STEP_MODULE, [
             "--namespace", "{{workflow.namespace}}", "--timeout-seconds", str(timeout),
             MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)]),
     }
 
 
-def cluster_step_container(config: PipelineConfig, target: ClusterTarget, module: str,
-                           args: list[str]) -> dict:
+def cluster_step_container(target: ClusterTarget, module: str, args: list[str]) -> dict:
     """A step of cluster_steps (`module`), in the serving image, which carries the kubernetes client."""
     return {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
             "command": ["python", "-m", module], "args": args,
-            "resources": config.step_resources.as_manifest()}
+            "resources": {kind: dict(amounts) for kind, amounts in CLUSTER_STEP_RESOURCES.items()}}
 
 
 def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
@@ -144,7 +163,7 @@ def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
         "inputs": {"parameters": [{"name": VERSION_PARAMETER}]},
         "retryStrategy": retry_strategy(step),
         "activeDeadlineSeconds": ROLLOUT_TIMEOUT_SECONDS * 2,  # a backstop: the step's own wait is bounded
-        "container": cluster_step_container(config, target, RELEASE_MODULE, [
+        "container": cluster_step_container(target, RELEASE_MODULE, [
             "deploy", "--namespace", "{{workflow.namespace}}",
             "--canary-percent", str(config.rollout.canary_percent),
             "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
@@ -165,7 +184,7 @@ def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) 
         "retryStrategy": retry_strategy(step),
         # A backstop past the step's own bounds: the wait for evidence and a promotion's rollout.
         "activeDeadlineSeconds": policy.max_wait_seconds + ROLLOUT_TIMEOUT_SECONDS * 2,
-        "container": cluster_step_container(config, target, RELEASE_MODULE, [
+        "container": cluster_step_container(target, RELEASE_MODULE, [
             "decide", "--namespace", "{{workflow.namespace}}", "--model-name", config.model_name,
             "--version", f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}",
             *rollout_flags(config),
@@ -263,11 +282,17 @@ def memo_cache() -> dict:
 
 def render_objects(config: PipelineConfig, target: ClusterTarget = ClusterTarget()) -> dict[str, dict]:
     """File name -> object, for `render` and for the Pulumi programs."""
+    runtimes = training_runtimes(config, target) if config.engine == TRAINJOB_ENGINE else []
     return {
         "workflowtemplate.yaml": workflow_template(config, target),
         "workflow.yaml": workflow(),
         "memoize-cache.yaml": memo_cache(),
+        **{runtime_file(runtime["metadata"]["name"]): runtime for runtime in runtimes},
     }
+
+
+def runtime_file(name: str) -> str:
+    return f"clustertrainingruntime-{name}.yaml"
 
 
 def write(config: PipelineConfig, out: Path, target: ClusterTarget = ClusterTarget()) -> list[Path]:

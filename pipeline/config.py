@@ -31,6 +31,14 @@ from pydantic import (
     model_validator,
 )
 
+from cluster_steps.names import (
+    GENERATED_NAME_SUFFIX,
+    TFJOB_ENGINE,
+    TRAINJOB_ENGINE,
+    WORKFLOW_TEMPLATE_NAME,
+    train_step_name,
+    trainjob_name_limit,
+)
 from pipeline.validation import (
     SCHEMA_DIALECT,
     ConfigError,
@@ -48,6 +56,7 @@ from pipeline.validation import (
     schema_command,
     standard_keywords,
 )
+from trainer.cluster import jobset_replicas
 from trainer.dataset_files import OFFICIAL_MIRROR
 from trainer.serving_contract import EXPORTER_TENSORFLOW
 from trainer.variants import VARIANTS
@@ -147,6 +156,7 @@ STRATEGY_SCHEMA = {
 }
 Strategy = Annotated[Union[StrategyName, dict[str, StrategyName]], BeforeValidator(_strategy_choice),
                      WithJsonSchema(STRATEGY_SCHEMA)]
+Engine = Literal[TRAINJOB_ENGINE, TFJOB_ENGINE]
 Runtime = Literal["custom", "tensorflow"]
 RUNTIMES = get_args(Runtime)
 # What the predictor scales on (docs/concepts/serving.md). The load metrics are our server's own,
@@ -315,9 +325,12 @@ class PipelineSettings(WithResources):
     model_name: DnsLabel = Field("fmnist", description="the served model's name")
     retries: WholeNumber = Field(
         2, ge=0, description="restarts of a failed step (backoffLimit, retryStrategy.limit)")
+    engine: Engine = Field(
+        TRAINJOB_ENGINE, description="what trains each variant on a cluster: trainjob (Kubeflow Trainer v2, "
+                                "admitted by Kueue) or tfjob (the training operator v1)")
     train_timeout: Duration = Field(
-        "6h", description="longest one attempt of a training step may take on a cluster; then the step "
-                          "fails, deleting its TFJob")
+        "6h", description="longest one attempt of a training step may take on a cluster, waiting in Kueue's "
+                          "queue included; then the step fails, deleting its job")
     parallelism: Positive | None = Field(
         None, description="steps running at once; default: no limit")
     memoize_max_age: Duration = Field("24h", description="how long ingest's memo stays valid")
@@ -362,7 +375,20 @@ class PipelineSettings(WithResources):
                 self.strategy_of(variant) == PARAMETER_SERVER for variant in self.variants):
             raise fail(f"applies only to strategy {PARAMETER_SERVER}; no variant trains so",
                        "parameterServers")
+        if self.engine == TRAINJOB_ENGINE:
+            self._trainjob_names_fit()
         return self
+
+    def _trainjob_names_fit(self) -> None:
+        """Each variant's TrainJob, `<workflow>-train-<variant>`, leaves its JobSet's pod names DNS labels."""
+        workflow = len(WORKFLOW_TEMPLATE_NAME) + GENERATED_NAME_SUFFIX
+        for variant in self.variants:
+            pods = jobset_replicas(self.workers, self.parameter_servers_of(variant))
+            length, limit = workflow + 1 + len(train_step_name(variant)), trainjob_name_limit(pods)
+            if length > limit:
+                raise fail(f"{variant}'s TrainJob would be named with {length} characters, and its JobSet's "
+                           f"pods ({pods}) allow {limit}: train it on fewer workers or give it a shorter "
+                           "name", "variants")
 
 
 class PipelineConfig(PipelineSettings):

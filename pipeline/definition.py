@@ -18,6 +18,7 @@ import json
 import posixpath
 from typing import Iterable, Mapping
 
+from cluster_steps.names import train_step_name
 from pipeline.config import PipelineConfig, Resources
 from trainer.dataset_files import OFFICIAL_MD5
 
@@ -28,7 +29,6 @@ INGEST = "ingest"
 SELECT = "select"
 SERVE = "serve"
 ROLLOUT = "rollout"
-TRAIN_PREFIX = "train-"
 
 # Where every pod mounts the storage volume, on every cluster: the steps' paths are under it.
 CLUSTER_STORAGE_ROOT = "/mnt/dist-ml"
@@ -137,11 +137,6 @@ def require_handlers(steps: Iterable[Step], handlers: Mapping[StepKind, object],
         if step.kind not in handlers:
             raise PipelineError(f"step {step.name}: the {engine} engine cannot run kind "
                                 f"{step.kind.value!r}; give it a handler")
-
-
-def train_step_name(variant: str) -> str:
-    """`train-cnn-dropout`: step, template and TFJob names must be DNS labels (no underscores)."""
-    return TRAIN_PREFIX + variant.replace("_", "-")
 
 
 def ingest_memo_key(config: PipelineConfig) -> str:

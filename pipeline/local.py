@@ -1,11 +1,14 @@
-"""The local engine: every step as processes on this machine, as Argo and TFJob run them as pods.
+"""The local engine: every step as processes on this machine, as Argo and a TrainJob run them as pods.
 
-- A step's replicas are processes; training replicas get a generated TF_CONFIG on free ports.
+- A step's replicas are processes; training replicas get the environment a TrainJob's pods get, each
+  task's hostname on a free port, and build their TF_CONFIG from it (trainer.launch, trainer.cluster);
+  one that could not bind its port starts the attempt again on other ports (launch.PortTaken).
   Under parameter servers a chief and the ps tasks join the workers (trainer.launch): the step
   ends when the chief does, a lost worker is started again, a lost chief or ps fails the attempt.
 - Steps start when their dependencies have finished, at most `parallelism` at once.
-- A failed step is restarted whole (TFJob's `restartPolicy: OnFailure`; training resumes from
-  BackupAndRestore) up to `retries` times, then the run fails naming the step and quoting its log.
+- A failed step is restarted whole (as JobSet's failurePolicy restarts a TrainJob's pods; training
+  resumes from BackupAndRestore) up to `retries` times, then the run fails naming the step and
+  quoting its log.
 - Memoization, as Argo's: a step whose key is unchanged and whose outputs are intact is skipped.
   Ingest's key is the data source plus the dataset's checksums (valid for `memoizeMaxAge`);
   training's and selection's keys are their commands, replicas, the trainer's code and the
@@ -82,6 +85,7 @@ class Attempt:
     workers: list[launch.Worker]
     number: int  # 1 for the first try
     started: float
+    port_retries: int = 0  # starts of this try again because a port was taken (launch.PortTaken)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,18 +221,19 @@ class LocalRun:
                    f"first run took {entry.get('seconds', 0):.1f}s)")
         return True
 
-    def start(self, step: Step, number: int = 1) -> None:
+    def start(self, step: Step, number: int = 1, port_retries: int = 0) -> None:
         prepare = self.handlers[step.name].prepare
-        if number == 1 and prepare is not None:
+        first = number == 1 and not port_retries
+        if first and prepare is not None:
             prepare(self, step)
         argv = [sys.executable, "-m", step.module, *step.args]
         workers = launch.start_replicas(argv, step.replicas, self.log_dir / step.name, step.distributed,
                                         step.parameter_servers)
-        self.running[step.name] = Attempt(step, workers, number, time.monotonic())
+        self.running[step.name] = Attempt(step, workers, number, time.monotonic(), port_retries)
         replicas = f" ({step.replicas} workers)" if step.distributed else ""
         if step.parameter_servers:
             replicas = f" ({step.replicas} workers, a chief, {step.parameter_servers} parameter server(s))"
-        if number == 1:
+        if first:
             self.print(f"{self.elapsed()} {step.name}: started{replicas}")
 
     def check(self, attempt: Attempt) -> None:
@@ -252,6 +257,11 @@ class LocalRun:
             return
         launch.stop_workers(attempt.workers)
         del self.running[step.name]
+        if failed.lost_its_port and attempt.port_retries < launch.PORT_RETRIES:
+            self.print(f"{self.elapsed()} {step.name}: a port was taken before {failed.name} bound it; "
+                       "starting it again on other ports")
+            self.start(step, attempt.number, attempt.port_retries + 1)
+            return
         if attempt.number > step.retries:
             raise StepFailed(f"step {step.name} failed after {attempt.number} attempt(s): "
                              f"{launch.describe_failure(failed)}")

@@ -1,5 +1,6 @@
-"""The Kubernetes objects the pipeline's steps become: TFJobs and the InferenceService (the HTTPRoute
-that splits requests between the stable and the canary InferenceService is cluster_steps.release's).
+"""The Kubernetes objects the pipeline's steps become: TrainJobs and the TensorFlow training runtime
+they run on (or TFJobs), and the InferenceService (the HTTPRoute that splits requests between the
+stable and the canary InferenceService is cluster_steps.release's).
 
 Plain dicts built from the step definitions, for the Argo templates and for the Pulumi programs, which
 differ only in the images and the storage they pass in.
@@ -10,7 +11,15 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 
-from cluster_steps.names import MODEL_VERSION_ANNOTATION, PREDICTOR_CONTAINER, load_query
+from cluster_steps.names import (
+    JOBSET_NAME_LABEL,
+    MODEL_VERSION_ANNOTATION,
+    PREDICTOR_CONTAINER,
+    QUEUE_NAME_LABEL,
+    REPLICATED_JOB_LABEL,
+    TRAINING_QUEUE,
+    load_query,
+)
 from pipeline.config import PipelineConfig, ServingConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
@@ -21,6 +30,7 @@ from pipeline.definition import (
     serving_flags,
 )
 from pipeline.validation import ConfigError
+from trainer import cluster as tf_cluster
 
 DEFAULT_ARGO_VERSION = "v4.1.2"
 IMAGE_TAG = "0.1.0"  # the release these defaults name; the stacks pass content-tagged images
@@ -144,14 +154,19 @@ def storage_mount() -> dict:
     return {"name": STORAGE_VOLUME, "mountPath": CLUSTER_STORAGE_ROOT}
 
 
-def container(step: Step, name: str, images: Images, gpus: int = 0) -> dict:
-    resources = step.resources.as_manifest()
+def with_gpus(resources: dict, gpus: int) -> dict:
+    """Requests and limits, and `gpus` GPUs (a node's, all of them) when there are any."""
     if gpus:
         # Extended resources cannot be overcommitted: Kubernetes requires requests equal to limits.
         for kind in ("requests", "limits"):
             resources[kind][GPU_RESOURCE] = gpus
+    return resources
+
+
+def container(step: Step, name: str, images: Images, gpus: int = 0) -> dict:
     return {"name": name, "image": images.of(step), "imagePullPolicy": "IfNotPresent",
-            "command": step.command, "volumeMounts": [storage_mount()], "resources": resources}
+            "command": step.command, "volumeMounts": [storage_mount()],
+            "resources": with_gpus(step.resources.as_manifest(), gpus)}
 
 
 def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labels: dict) -> dict:
@@ -305,3 +320,160 @@ def inference_service(config: PipelineConfig, target: ClusterTarget, version: st
                                      MODEL_VERSION_ANNOTATION: version}},
         "spec": {"predictor": predictor},
     }
+
+
+# --- Kubeflow Trainer v2: our TensorFlow runtime and the TrainJobs that run on it ---------------------
+
+TRAINJOB_API_VERSION = "trainer.kubeflow.org/v1alpha1"
+RUNTIME_NAME = "dist-ml-tensorflow"  # synchronous; `-ps` under parameter servers
+# Trainer v2 fills one replicated job of a runtime from a TrainJob (image, command, env, numNodes, its
+# resources): the one with this label, and in it only the container named `node` (kubeflow/trainer
+# v2.3.0 pkg/constants/constants.go: LabelTrainJobAncestor, AncestorTrainer, Node).
+ANCESTOR_LABEL, ANCESTOR_TRAINER = "trainer.kubeflow.org/trainjob-ancestor-step", "trainer"
+NODE_CONTAINER, PS_CONTAINER = tf_cluster.NODE_JOB, tf_cluster.PS_JOB
+PS_COMMAND = ["python", "-m", "trainer.parameter_server"]  # the ps pods serve; they train no variant
+# The runtimePatches entry the train step owns (Trainer v2 wants a domain-prefixed manager; Kueue adds
+# its own, kueue.x-k8s.io/manager): the node count for the ps pods, which TrainJob.spec.trainer misses.
+STEP_PATCH_MANAGER = "dist-ml.io/train-step"
+# Pods' exit status on a user's mistake (common.cli.UsageError): restarting the set cannot mend it.
+USAGE_ERROR_EXIT = 2
+# Kubernetes' Job names the podFailurePolicy rule's match in its failure message ("Pod ns/x has
+# condition DisruptionTarget matching FailJob rule at index 0", "Container node for pod ns/x failed
+# with exit code 2 matching ..."; pkg/controller/job/pod_failure_policy.go), which JobSet's rules
+# match: a preempted node's pod has condition DisruptionTarget.
+FAILED_POD_RULES = (
+    {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [USAGE_ERROR_EXIT]}},
+)
+FAILED_JOB_RULES = (
+    {"name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts",
+     "onJobFailureReasons": ["PodFailurePolicy"],
+     "onJobFailureMessagePatterns": ["condition DisruptionTarget matching"]},
+    {"name": "usage-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+     "onJobFailureMessagePatterns": [f"exit code {USAGE_ERROR_EXIT} matching"]},
+)  # any other failure: JobSet's default action, RestartJobSet, counted against maxRestarts
+
+
+def runtime_name(parameter_servers: int) -> str:
+    return f"{RUNTIME_NAME}-ps" if parameter_servers else RUNTIME_NAME
+
+
+def label_field(label: str) -> dict:
+    """An environment variable's value from one of the pod's labels (the downward API)."""
+    return {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}
+
+
+def jobset_pod_env(parameter_servers: int) -> list[dict]:
+    """What every pod of the runtime knows besides the node count (trainer.cluster.JOBSET_ENV): its
+    JobSet and replicated job from JobSet's labels, its index from its Indexed Job's annotation (as
+    Kubernetes would also set JOB_COMPLETION_INDEX), the port, and the parameter servers."""
+    return [
+        {"name": tf_cluster.JOBSET_NAME_ENV, "valueFrom": label_field(JOBSET_NAME_LABEL)},
+        {"name": tf_cluster.REPLICATED_JOB_ENV, "valueFrom": label_field(REPLICATED_JOB_LABEL)},
+        {"name": tf_cluster.COMPLETION_INDEX_ENV, "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": tf_cluster.PORT_ENV, "value": str(tf_cluster.TF_PORT)},
+        {"name": tf_cluster.PARAMETER_SERVERS_ENV, "value": str(parameter_servers)},
+    ]
+
+
+def num_nodes_env(nodes: int) -> dict:
+    return {"name": tf_cluster.NUM_NODES_ENV, "value": str(nodes)}
+
+
+def runtime_pod(target: ClusterTarget, container_spec: dict) -> dict:
+    """A runtime pod template: the storage, the trainer's identity, the training pool; a failed pod is
+    not restarted in place (its Job fails, and JobSet restarts the whole set)."""
+    metadata = {"annotations": dict(target.storage.pod_annotations)} if target.storage.pod_annotations else {}
+    spec: dict = {"serviceAccountName": TRAINER_SERVICE_ACCOUNT, "restartPolicy": "Never",
+                  "containers": [container_spec], "volumes": [target.storage.volume()]}
+    if target.training_node_selector:
+        spec["nodeSelector"] = dict(target.training_node_selector)
+    if target.training_tolerations:
+        spec["tolerations"] = [dict(toleration) for toleration in target.training_tolerations]
+    return {"metadata": metadata, "spec": spec}
+
+
+def runtime_container(name: str, target: ClusterTarget, parameter_servers: int, **fields: object) -> dict:
+    port = {"name": tf_cluster.TF_PORT_NAME, "containerPort": tf_cluster.TF_PORT, "protocol": "TCP"}
+    return {"name": name, "image": target.images.trainer, "imagePullPolicy": "IfNotPresent",
+            "env": jobset_pod_env(parameter_servers), "ports": [port], "volumeMounts": [storage_mount()],
+            **fields}
+
+
+def one_try_job(pod: dict, **fields: object) -> dict:
+    """A replicated job's Job: one try per pod, and a failure that says why, for JobSet's rules."""
+    return {"backoffLimit": 0, "podFailurePolicy": {"rules": [dict(rule) for rule in FAILED_POD_RULES]},
+            **fields, "template": pod}
+
+
+def training_runtime(config: PipelineConfig, target: ClusterTarget, parameter_servers: int = 0) -> dict:
+    """Our TensorFlow ClusterTrainingRuntime, for Kubeflow Trainer v2 (which ships none).
+
+    `node`, the replicated job Trainer fills from a TrainJob, holds the workers (under parameter
+    servers also the chief, node 0); `ps` the parameter servers, which never exit: under them the
+    node Job succeeds when the chief does (Kubernetes' Job successPolicy on index 0, which stops the
+    workers), and the JobSet when `node` does (its successPolicy), deleting the ps Job. Every pod
+    builds its TF_CONFIG from its environment (trainer.cluster), naming the others by JobSet's
+    hostnames on TF_PORT. A failed pod fails its Job, and JobSet restarts every Job (failurePolicy):
+    training resumes from the variant's backup, up to `pipeline.retries` times; a preempted node's
+    pod restarts it without counting, a user's mistake (exit status 2) fails it at once. mlPolicy
+    without a framework is Trainer's PlainML: it sets numNodes and the TrainJob's env, nothing else.
+    """
+    nodes = tf_cluster.jobset_replicas(config.workers, parameter_servers)[tf_cluster.NODE_JOB]
+    worker = with_gpus(config.trainer_resources.as_manifest(), target.training_gpus)
+    node = runtime_container(NODE_CONTAINER, target, parameter_servers, resources=worker)
+    node_job = one_try_job(runtime_pod(target, node))
+    replicated_jobs = [{"name": tf_cluster.NODE_JOB, "template": {
+        "metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}}, "spec": node_job}}]
+    if parameter_servers:
+        node_job["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}  # the chief's
+        ps_container = runtime_container(PS_CONTAINER, target, parameter_servers, command=PS_COMMAND,
+                                         resources=config.trainer_resources.as_manifest())
+        ps_job = one_try_job(runtime_pod(target, ps_container), parallelism=parameter_servers,
+                             completions=parameter_servers)
+        replicated_jobs.append({"name": tf_cluster.PS_JOB, "template": {"spec": ps_job}})
+    jobset = {
+        "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [tf_cluster.NODE_JOB]},
+        "failurePolicy": {"maxRestarts": config.retries, "rules": [dict(rule) for rule in FAILED_JOB_RULES]},
+        "replicatedJobs": replicated_jobs,
+    }
+    return {"apiVersion": TRAINJOB_API_VERSION, "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": runtime_name(parameter_servers), "labels": dict(PART_OF)},
+            "spec": {"mlPolicy": {"numNodes": nodes}, "template": {"spec": jobset}}}
+
+
+def runtime_names(config: PipelineConfig) -> dict[str, int]:
+    """The runtimes the config's variants train on, with their parameter servers: synchronous, and
+    the one with pipeline.parameterServers."""
+    servers = sorted({config.parameter_servers_of(variant) for variant in config.variants})
+    return {runtime_name(count): count for count in servers}
+
+
+def training_runtimes(config: PipelineConfig, target: ClusterTarget) -> list[dict]:
+    return [training_runtime(config, target, count) for count in runtime_names(config).values()]
+
+
+def trainjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: str | None = None) -> dict:
+    """The TrainJob of a training step, on our runtime, in Kueue's training queue (which admits all of
+    its pods at once, or none): the step's command on `numNodes` node pods with a worker's resources.
+    Its default name is the workflow's plus the step's, so that every run creates its own."""
+    nodes = tf_cluster.jobset_replicas(step.replicas, step.parameter_servers)[tf_cluster.NODE_JOB]
+    labels = {QUEUE_NAME_LABEL: TRAINING_QUEUE, WORKFLOW_LABEL: WORKFLOW_NAME, **PART_OF}
+    spec: dict = {
+        "runtimeRef": {"apiGroup": TRAINJOB_API_VERSION.partition("/")[0], "kind": "ClusterTrainingRuntime",
+                       "name": runtime_name(step.parameter_servers)},
+        # The same resources as the runtime's node container: Kueue v0.19.2 counts resourcesPerNode alone
+        # (it vendors Trainer v2.2.1, which replaced the runtime's with it), Trainer v2.3.0 merges them.
+        "trainer": {"image": target.images.of(step), "command": step.command, "numNodes": nodes,
+                    "env": [num_nodes_env(nodes)],
+                    "resourcesPerNode": with_gpus(step.resources.as_manifest(), target.training_gpus)},
+    }
+    if step.parameter_servers:
+        ps_pods = {"name": tf_cluster.PS_JOB, "template": {"spec": {"template": {"spec": {
+            "containers": [{"name": PS_CONTAINER, "env": [num_nodes_env(nodes)]}]}}}}}
+        spec["runtimePatches"] = [{"manager": STEP_PATCH_MANAGER, "trainingRuntimeSpec": {
+            "template": {"spec": {"replicatedJobs": [ps_pods]}}}}]
+    return {"apiVersion": TRAINJOB_API_VERSION, "kind": "TrainJob",
+            "metadata": {"name": name or f"{WORKFLOW_NAME}-{step.name}", "labels": labels}, "spec": spec}

@@ -85,6 +85,16 @@ Quantity = Annotated[matching(QUANTITY, "a Kubernetes quantity like 500m, 2 or 4
                                      and not isinstance(value, bool) else value)]
 
 
+QUANTITY_UNITS = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                  "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity_value(quantity: str) -> float:
+    """The number a Quantity stands for (`500m` -> 0.5, `4Gi` -> 4294967296)."""
+    number, unit = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", quantity).groups()
+    return float(number) * QUANTITY_UNITS[unit]
+
+
 def duration_seconds(duration: str) -> int:
     """The seconds of a Duration (`1h30m` -> 5400)."""
     hours, minutes, seconds = (int(part or 0) for part in re.match(DURATION, duration).groups())

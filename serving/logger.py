@@ -2,11 +2,12 @@
 into a directory of files, each closed after a while.
 
     python -m serving.logger --port P --out-dir DIR [--rotate-seconds 60]
-        [--rotate-bytes 16777216] [--host 127.0.0.1]
+        [--rotate-bytes 16777216] [--host 127.0.0.1] [--port-file FILE]
 
 Point an InferenceService's `spec.predictor.logger.url` (or the server's --log-url) at it. Each
 event (binary or structured mode) becomes one line: id, type, source, time, the other attributes,
-and the data. A body that is not a CloudEvent gets a 400 and is not written.
+and the data. A body that is not a CloudEvent gets a 400 and is not written. Port 0 binds any free
+port, which --port-file FILE receives once the logger listens (serving.port_file).
 
 The lines go to DIR/events-<UTC time>-<sequence>.jsonl (names sort by time). A file is opened at
 the first event after the previous one was closed, and closed once it has been open
@@ -31,6 +32,7 @@ from cloudevents.exceptions import GenericException
 from cloudevents.http import from_http
 
 from common import cli
+from serving.port_file import PORT_FILE_FLAG, PORT_FILE_HELP, announcing
 
 DEFAULT_ROTATE_SECONDS = 60.0
 DEFAULT_ROTATE_BYTES = 16 * 1024 * 1024
@@ -165,7 +167,8 @@ def make_server(host: str, port: int, files: RotatingEventFiles) -> http.server.
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.OneLineParser(prog="serving.logger", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True, help="0: any free port")
+    parser.add_argument(PORT_FILE_FLAG, type=Path, help=PORT_FILE_HELP)
     parser.add_argument("--out-dir", type=Path, required=True,
                         help="directory of the event files (events-<UTC time>-<sequence>.jsonl)")
     parser.add_argument("--rotate-seconds", type=cli.positive_float, default=DEFAULT_ROTATE_SECONDS,
@@ -186,8 +189,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rotate_periodically(files, stopping)
     serving = threading.Thread(target=server.serve_forever, name="serve", daemon=True)
     serving.start()
-    print(f"serving.logger: writing CloudEvents received on {args.host}:{args.port} to "
+    port = server.server_address[1]  # bound when the server was made: with --port 0, the one it got
+    print(f"serving.logger: writing CloudEvents received on {args.host}:{port} to "
           f"{args.out_dir}/{FILE_PREFIX}*{FILE_SUFFIX}", flush=True)
+    announcing("serving.logger", args.port_file)({"http": port})
     try:
         while not stopping.wait(MAX_CHECK_INTERVAL_SECONDS):
             pass

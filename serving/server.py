@@ -1,8 +1,9 @@
 """The model server: KServe's v1 and v2 protocols for the newest published version of a model.
 
     python -m serving.server (--model-repo REPO | --model-base-path DIR) --model-name fmnist
-        [--http-port 8080] [--grpc-port 8081] [--max-batch-size 32] [--max-batch-wait-ms 0]
-        [--max-queued-images 1024] [--log-file FILE | --log-url URL] [--log-grpc-only] [--access-log]
+        [--http-port 8080] [--grpc-port 8081 | --no-grpc] [--port-file FILE] [--max-batch-size 32]
+        [--max-batch-wait-ms 0] [--max-queued-images 1024] [--log-file FILE | --log-url URL]
+        [--log-grpc-only] [--access-log]
 
 Built on the kserve SDK, so it runs unchanged as the `kserve-container` of an InferenceService
 (there with `--model-base-path /mnt/models`, where KServe's storage initializer puts a release).
@@ -12,7 +13,8 @@ while it is busy make up the next batch); a newer version is served once loaded;
 --max-body-bytes get a 413; past --max-queued-images waiting images a request gets a 503 with
 Retry-After; /metrics is Prometheus; SIGTERM lets in-flight requests finish. A refused request is one
 log line (serving.refusals), a server fault an ERROR with its traceback; uvicorn's line per request
-(the access log) only with --access-log.
+(the access log) only with --access-log. Port 0 binds any free port; the ports bound are printed
+and, with --port-file, written to FILE once the server listens (serving.port_file).
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from timing_asgi import TimingMiddleware
 
 from common import cli
 from serving.batching import QueueFull
+from serving.bound_ports import reporting_bound_ports
 from serving.dataplane import with_strict_dataplane
 from serving.metrics import ANSWERED_BY, ERRORS, IN_FLIGHT, VERSION_LABEL, error_kind, observe_request
 from serving.model import DEFAULT_MAX_QUEUED_IMAGES, VERSION_HEADER, FashionMnistModel
+from serving.port_file import PORT_FILE_FLAG, PORT_FILE_HELP, announcing
 from serving.refusals import HTTP_REFUSALS, http_refusal_status, log_refusal, with_one_line_grpc_refusals
 from serving.request_log import GRPC_ONLY, RequestLogger, cloudevents_sink, file_sink
 
@@ -363,8 +367,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bases.add_argument("--model-base-path", type=Path,
                        help="TF Serving's base path: the versions are DIR's numbered children")
     parser.add_argument("--model-name", default="fmnist")
-    parser.add_argument("--http-port", type=int, default=8080)
-    parser.add_argument("--grpc-port", type=int, default=8081, help="0 turns gRPC off")
+    parser.add_argument("--http-port", type=int, default=8080, help="0: any free port")
+    grpc = parser.add_mutually_exclusive_group()
+    grpc.add_argument("--grpc-port", type=int, default=8081, help="0: any free port")
+    grpc.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
+    parser.add_argument(PORT_FILE_FLAG, type=Path, help=PORT_FILE_HELP)
     parser.add_argument("--max-batch-size", type=cli.positive_int, default=32)
     parser.add_argument("--max-batch-wait-ms", type=cli.non_negative_float, default=0.0,
                         help="how long a batch may wait for more requests before it runs (default 0: "
@@ -409,9 +416,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                               request_logger(args), args.log_payloads, args.max_queued_images)
     model.load()
     # KServe's per-request latency log lines are off: dist_ml_request_seconds measures the same.
-    server = with_strict_dataplane(ModelServer(http_port=args.http_port, grpc_port=args.grpc_port or 8081,
-                                               enable_grpc=args.grpc_port != 0, workers=1,
+    server = with_strict_dataplane(ModelServer(http_port=args.http_port, grpc_port=args.grpc_port,
+                                               enable_grpc=not args.no_grpc, workers=1,
                                                enable_latency_logging=False))
+    reporting_bound_ports(server, announcing("serving.server", args.port_file))
     app.add_middleware(InferenceRoute, dataplane=server.dataplane, handlers=app)
     app.add_middleware(LimitAndMeasure, max_body_bytes=args.max_body_bytes)  # outside InferenceRoute
     add_error_handlers(app)

@@ -10,12 +10,13 @@ import posixpath
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster_steps.names import route_name
+from cluster_steps.names import TRAINJOB_ENGINE, route_name
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.monitoring import Monitoring, MonitoringArgs, prometheus_url, release_name
 from infra.pipeline import PipelineArgs, PipelineResources
 from infra.platform import Platform, PlatformArgs
+from infra.queue import TrainingQueue, TrainingQueueArgs
 from infra.serving import LOGGER_SERVICE_ACCOUNT, Serving, ServingArgs, logger_url
 from pipeline.argo import ARGO_NAMESPACE
 from pipeline.definition import Layout
@@ -31,7 +32,7 @@ from stacks.settings import StackConfig
 
 def storage_users(config: StackConfig) -> tuple[str, ...]:
     """Every service account whose pods read or write the storage: the workflow's pods (ingest,
-    select), the TFJob pods, the predictor's storage initializer and the request logger."""
+    select), the training pods, the predictor's storage initializer and the request logger."""
     return (config.pipeline.service_account_name, TRAINER_SERVICE_ACCOUNT, PREDICTOR_SERVICE_ACCOUNT,
             LOGGER_SERVICE_ACCOUNT)
 
@@ -46,6 +47,11 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     storage = kind.storage(cluster, namespace, storage_users(config))
     placement = kind.training_placement()
+    if config.pipeline.engine == TRAINJOB_ENGINE:
+        TrainingQueue("training-queue", TrainingQueueArgs(
+            pool=placement.pool, node_labels=placement.node_selector, tolerations=placement.tolerations,
+            quota=placement.quota, namespace=config.namespace, provider=cluster.provider,
+            depends_on=[*platform.ready, namespace]))
     target = pulumi.Output.from_input(images.images).apply(lambda built: ClusterTarget(
         images=built, storage=storage.storage, argo_version=config.platform.argo_version,
         logger_url=logger_url(config.namespace), prometheus_url=cluster_prometheus(config),
@@ -78,7 +84,11 @@ def declare_platform(config: StackConfig, provider: k8s.Provider, kubeconfig: pu
     API service that nothing would use otherwise)."""
     versions = config.platform
     return Platform("platform", PlatformArgs(
+        engine=config.pipeline.engine,
         training_operator_version=versions.training_operator_version,
+        trainer_version=versions.trainer_version,
+        kueue_version=versions.kueue_version,
+        namespace=config.namespace,
         argo_version=versions.argo_version,
         cert_manager_version=versions.cert_manager_version,
         kserve_version=versions.kserve_version,
@@ -94,7 +104,8 @@ def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Pl
         return {}
     Monitoring(MONITORING, MonitoringArgs(
         chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
-        model_name=config.pipeline.model_name, runtime=config.pipeline.serving.runtime, provider=provider,
+        model_name=config.pipeline.model_name, runtime=config.pipeline.serving.runtime,
+        engine=config.pipeline.engine, provider=provider,
         depends_on=[*platform.ready, namespace]))
     return {"grafana": f"kubectl -n {MONITORING_NAMESPACE} port-forward "
                        f"service/{release_name(MONITORING)}-grafana 3000:80"}

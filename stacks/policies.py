@@ -1,8 +1,9 @@
 """Policies over the Kubernetes objects a stack declares, as plain functions of the rendered objects
 (each returns its violations), so that a CrossGuard policy pack can call them later.
 
-Pods hide in many places: Deployments, TFJob replica templates, Argo container templates, the TFJob
-manifests inside Argo resource templates, the InferenceService the serve step rolls out, predictors.
+Pods hide in many places: Deployments, TFJob replica templates, training runtimes' replicated jobs,
+Argo container templates, the TrainJobs and TFJobs the train steps create (a TrainJob's `trainer` is its
+node containers' image and resources), the InferenceService the serve step rolls out, predictors.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Iterator, Sequence
 import yaml
 
 from cluster_steps.names import MANIFEST_FLAG as ROLLOUT_MANIFEST_FLAG
+from cluster_steps.names import canary_name, predictor_deployment_name
+from infra import gke_endpoint as gke
 
 PRIVILEGED_ROLES = ("cluster-admin",)
 
@@ -40,11 +43,16 @@ def name_of(manifest: dict) -> str:
 
 
 def containers(manifest: dict) -> Iterator[tuple[str, dict]]:
-    """(path, container) for every container, and for KServe's built-in predictor `model`."""
+    """(path, container) for every container, for KServe's built-in predictor `model`, and for a
+    TrainJob's `trainer` (its image and resourcesPerNode go into its runtime's node containers)."""
     for where, node in _walk(manifest, name_of(manifest)):
         for key in ("containers", "initContainers"):
             for index, container in enumerate(node.get(key) or []):
                 yield f"{where}.{key}[{index}]", container
+        if isinstance(node.get("trainer"), dict) and "image" in node["trainer"]:
+            trainer = node["trainer"]
+            yield f"{where}.trainer", {"image": trainer["image"],
+                                       "resources": trainer.get("resourcesPerNode")}
         if isinstance(node.get("container"), dict):
             yield f"{where}.container", node["container"]
         if isinstance(node.get("model"), dict) and "modelFormat" in node["model"]:
@@ -122,3 +130,110 @@ CLOUD_POLICIES = (private_buckets, no_service_account_keys)
 
 def cloud_violations(resources: Sequence) -> list[str]:
     return [violation for policy in CLOUD_POLICIES for violation in policy(resources)]
+
+# --- Endpoints: nothing public without HTTPS and an access control ----------------------------------
+
+SECURITY_POLICY = "gcp:compute/securityPolicy:SecurityPolicy"
+OPEN_RANGES = frozenset({gke.EVERYONE, "0.0.0.0/0", "::/0"})
+
+
+def _closing_rules(policy: Any) -> list[str]:
+    """What keeps a Cloud Armor policy (as declared) from being an allowlist: an allow rule for
+    everyone, or a default rule (the last evaluated) that does not deny."""
+    problems, default = [], None
+    for rule in policy.inputs.get("rules") or []:
+        config = (rule.get("match") or {}).get("config") or {}
+        ranges = set(config.get("srcIpRanges") or config.get("src_ip_ranges") or [])
+        if int(rule.get("priority", -1)) == gke.DEFAULT_RULE_PRIORITY:
+            default = rule
+        elif str(rule.get("action")) == gke.ALLOW and ranges & OPEN_RANGES:
+            problems.append(f"rule {int(rule['priority'])} allows everyone")
+    if default is None or not str(default.get("action", "")).startswith("deny"):
+        problems.append(f"its default rule (priority {gke.DEFAULT_RULE_PRIORITY}) does not deny")
+    return problems
+
+
+def _access_control(backend_policy: dict, armor: dict[str, Any]) -> str | None:
+    """None if the GCPBackendPolicy holds an access control: a declared Cloud Armor allowlist, or IAP
+    with an OAuth client; else why not."""
+    default = (backend_policy.get("spec") or {}).get("default") or {}
+    iap = default.get("iap") or {}
+    if iap.get("enabled") is True and iap.get("clientID"):
+        return None
+    name = default.get("securityPolicy")
+    if name is None:
+        return "neither a Cloud Armor policy nor IAP"
+    if name not in armor:
+        return f"Cloud Armor policy {name} is not declared by the stack"
+    problems = _closing_rules(armor[name])
+    return f"Cloud Armor policy {name}: {'; '.join(problems)}" if problems else None
+
+
+def _redirects_only(route: dict) -> bool:
+    rules = (route.get("spec") or {}).get("rules") or []
+    return bool(rules) and all(not rule.get("backendRefs") and rule.get("filters") and all(
+        f.get("type") == "RequestRedirect" and (f.get("requestRedirect") or {}).get("scheme") == "https"
+        for f in rule["filters"]) for rule in rules)
+
+
+def _predictor_services(objects: Sequence[dict]) -> set[str]:
+    """The Services KServe makes for the InferenceServices the stack's workflow deploys (stable and
+    canary): what a route to the model sends requests to."""
+    names = {node["metadata"]["name"] for manifest in objects
+             for _, node in _walk(manifest, name_of(manifest))
+             if node.get("kind") == "InferenceService" and "name" in (node.get("metadata") or {})}
+    return {predictor_deployment_name(n) for name in names for n in (name, canary_name(name))}
+
+
+def _in_namespace(objects: Sequence[dict], kind: str, namespace: str | None) -> list[dict]:
+    return [o for o in objects if o.get("kind") == kind and o["metadata"].get("namespace") == namespace]
+
+
+def _listener_violations(gateway: dict, routes: list[dict]) -> list[str]:
+    """HTTPS listeners need a certificate; any other listener may only redirect to HTTPS."""
+    where, name = name_of(gateway), gateway["metadata"]["name"]
+    certmap = (gateway["metadata"].get("annotations") or {}).get(gke.CERTMAP_ANNOTATION)
+    violations = []
+    for listener in gateway["spec"].get("listeners") or []:
+        tls = listener.get("tls") or {}
+        if listener.get("protocol") == "HTTPS":
+            if not (certmap or tls.get("certificateRefs") or tls.get("options")):
+                violations.append(f"{where}: HTTPS listener {listener['name']} has no certificate")
+            continue
+        attached = [route for route in routes if any(
+            ref.get("name") == name and ref.get("sectionName") == listener["name"]
+            for ref in route["spec"].get("parentRefs") or [])]
+        if not attached or not all(_redirects_only(route) for route in attached):
+            violations.append(f"{where}: {listener.get('protocol')} listener {listener['name']} is public "
+                              "without TLS; it may only redirect to HTTPS")
+    return violations
+
+
+def _backend_violations(gateway: dict, objects: Sequence[dict], armor: dict[str, Any]) -> list[str]:
+    """Every predictor Service a route may send to has a GCPBackendPolicy with an access control (at
+    least one backend has, when no InferenceService is declared)."""
+    where, namespace = name_of(gateway), gateway["metadata"].get("namespace")
+    guarded = {(policy["spec"].get("targetRef") or {}).get("name"): _access_control(policy, armor)
+               for policy in _in_namespace(objects, gke.BACKEND_POLICY_KIND, namespace)}
+    services = _predictor_services(objects)
+    if not services:
+        return [] if None in guarded.values() else [f"{where}: no backend has an access control"]
+    problems = {service: guarded.get(service, "no GCPBackendPolicy") for service in sorted(services)}
+    return [f"{where}: Service {service} is public without an access control ({problem})"
+            for service, problem in problems.items() if problem]
+
+
+def public_endpoints(objects: Sequence[dict], resources: Sequence) -> list[str]:
+    """A Gateway of an external GKE class serves HTTPS with a certificate, its plain-HTTP listeners
+    only redirect to HTTPS, and every backend behind it has an access control. The model's own route,
+    which the workflow creates at run time, is not among the declared objects: it names the model
+    listener alone (cluster_steps.release; tests/test_cluster_contracts.py)."""
+    armor = {r.inputs.get("name"): r for r in resources if r.type == SECURITY_POLICY}
+    violations = []
+    for gateway in objects:
+        if gateway.get("kind") != "Gateway" or (
+                gateway.get("spec") or {}).get("gatewayClassName") not in gke.EXTERNAL_GATEWAY_CLASSES:
+            continue
+        routes = _in_namespace(objects, "HTTPRoute", gateway["metadata"].get("namespace"))
+        violations += _listener_violations(gateway, routes) + _backend_violations(gateway, objects, armor)
+    return violations

@@ -51,6 +51,10 @@ POLICIES: dict[str, tuple[str, Check]] = {
     "private-buckets": ("buckets private, uniform and versioned", policies.private_buckets),
     "no-service-account-keys": ("no service account keys: Workload Identity instead",
                                 policies.no_service_account_keys),
+    "public-endpoints": ("a public Gateway serves HTTPS only (plain HTTP only redirects) and every backend "
+                         "behind it has an access control (a Cloud Armor allowlist denying the rest, or IAP)",
+                         lambda resources: policies.public_endpoints(kubernetes_objects(resources),
+                                                                     resources)),
 }
 
 

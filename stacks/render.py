@@ -35,7 +35,9 @@ GCP_KEY_SETTINGS = (
     "name", "project", "location", "releaseChannel", "workloadIdentityConfig", "removeDefaultNodePool",
     "deletionProtection", "addonsConfig", "cluster", "autoscaling", "nodeConfig", "repositoryId", "format",
     "uniformBucketLevelAccess", "publicAccessPrevention", "versioning", "lifecycleRules", "accountId",
-    "bucket", "role", "member", "serviceAccountId",
+    "bucket", "role", "member", "serviceAccountId", "networkingMode", "ipAllocationPolicy", "network",
+    "subnetwork", "ipCidrRange", "secondaryIpRanges", "purpose", "region", "domain", "managed", "hostname",
+    "rules", "type",
 )
 REMOTE_COMPONENTS = ("kubernetes:helm.sh/v4:Chart", "kubernetes:kustomize/v2:Directory",
                      "kubernetes:yaml/v2:ConfigFile")
@@ -95,6 +97,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
             state.update(email=email, name=f"projects/{args.inputs.get('project')}/serviceAccounts/{email}")
         elif args.typ == "gcp:container/cluster:Cluster":
             state.update(endpoint="203.0.113.10", masterAuth={"clusterCaCertificate": "RkFLRS1DQQ=="})
+        elif args.typ == "gcp:compute/globalAddress:GlobalAddress":
+            state["address"] = "203.0.113.20"
+        elif args.typ == "gcp:certificatemanager/dnsAuthorization:DnsAuthorization":
+            state["dnsResourceRecords"] = [{
+                "name": f"_acme-challenge.{args.inputs['domain']}.", "type": "CNAME",
+                "data": "0a1b2c.3.authorize.certificatemanager.goog."}]
         elif args.typ == "gcp:storage/bucket:Bucket":
             state["url"] = f"gs://{args.inputs.get('name')}"
         elif args.typ == IMAGE_BUILD:

@@ -10,10 +10,11 @@ model (PipelineSections).
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Iterator, Mapping
 
 from pydantic import Field, Strict, model_validator
 
+from cluster_steps.names import TFJOB_ENGINE, TRAINJOB_ENGINE
 from pipeline.argo import SUPPORTED_ARGO_VERSION
 from pipeline.config import (
     Autoscaling,
@@ -23,8 +24,9 @@ from pipeline.config import (
     ScalingMetric,
     ServingConfig,
 )
-from pipeline.manifests import DEFAULT_ARGO_VERSION
-from pipeline.validation import DnsLabel, Section, fail, matching
+from pipeline.manifests import DEFAULT_ARGO_VERSION, GPU_RESOURCE
+from pipeline.validation import DnsLabel, Quantity, Section, fail, matching, quantity_value
+from trainer.cluster import NODE_JOB, jobset_replicas
 
 PROJECT = "dist-ml"
 
@@ -38,8 +40,11 @@ ChartVersion = matching(r"^[0-9]+\.[0-9]+\.[0-9]+$", "a chart version like 80.4.
 
 class PlatformConfig(Section):
     """The `platform` section: what runs the pipeline and serving on the cluster."""
+    trainer_version: ReleaseTag = Field(
+        "v2.3.0", description="Kubeflow Trainer v2 (TrainJob; brings JobSet), with pipeline.engine trainjob")
+    kueue_version: ReleaseTag = Field("v0.19.2", description="Kueue, with pipeline.engine trainjob")
     training_operator_version: ReleaseTag = Field(
-        "v1.9.4", description="Kubeflow training operator v1 (TFJob)")
+        "v1.9.4", description="Kubeflow training operator v1 (TFJob), with pipeline.engine tfjob")
     argo_version: ArgoRelease = Field(DEFAULT_ARGO_VERSION, description="Argo Workflows release")
     cert_manager_version: ReleaseTag = Field(
         "v1.17.0", description="cert-manager (what KServe v0.20 documents)")
@@ -53,6 +58,15 @@ class MonitoringConfig(Section):
     """The `monitoring` section: kube-prometheus-stack, the monitors and the dist-ml dashboard."""
     enabled: Flag = Field(False, description="install monitoring (default: false on k3d, true on gke)")
     kube_prometheus_stack_version: ChartVersion = Field("80.4.1", description="kube-prometheus-stack chart")
+
+
+class TrainingQuota(Section):
+    """What the training pool holds for training: Kueue's ClusterQueue admits TrainJobs up to it."""
+    cpu: Quantity = Field(description="CPU, summed over the pods' requests")
+    memory: Quantity = Field(description="memory, summed over the pods' requests")
+
+    def as_quota(self) -> dict[str, str]:
+        return {"cpu": self.cpu, "memory": self.memory}
 
 
 LOCAL_ENGINE_ONLY = "applies only to the local engine (`python -m pipeline run`), not to a cluster stack"
@@ -104,6 +118,66 @@ class StackSettings(PipelineSections):
         return {key: value for key, value in raw.items()
                 if key in ours or not str(key).startswith(f"{cls.PROVIDER}:")}
 
+    # Keys (section -> keys) that set up one engine's pieces: set for the other engine, they would do
+    # nothing, so they are errors there, and dumps leave them out.
+    ENGINE_KEYS: ClassVar[dict[str, dict[str, tuple[str, ...]]]] = {
+        TRAINJOB_ENGINE: {"platform": ("trainer_version", "kueue_version"), "cluster": ("training_quota",)},
+        TFJOB_ENGINE: {"platform": ("training_operator_version",)}}
+
+    def _other_engines_keys(self) -> Iterator[tuple[str, str, str]]:
+        """(section, field name, key) of each key that belongs to another engine than this stack's."""
+        for engine, sections in self.ENGINE_KEYS.items():
+            for section, names in sections.items():
+                model = type(getattr(self, section))
+                for name in names:
+                    if engine != self.pipeline.engine and name in model.model_fields:
+                        yield section, name, model.model_fields[name].alias or name
+
+    @model_validator(mode="after")
+    def _keys_of_the_engine(self) -> StackSettings:
+        for section, name, key in self._other_engines_keys():
+            if name in getattr(self, section).model_fields_set:
+                owner = next(engine for engine, keys in self.ENGINE_KEYS.items()
+                             if name in keys.get(section, ()))
+                raise fail(f"applies only to pipeline.engine {owner}, and this stack's is "
+                           f"{self.pipeline.engine}; remove it or change the engine", f"{section}.{key}")
+        return self
+
+    def training_quota(self) -> tuple[dict[str, str], int] | None:
+        """Kueue's quota for training, and the GPUs each node pod asks for; None for a kind whose
+        quota is not this model's to know."""
+        return None
+
+    @model_validator(mode="after")
+    def _every_trainjob_fits_the_quota(self) -> StackSettings:
+        """Kueue admits a TrainJob only when the quota holds all of its pods at once: one that asks for
+        more would wait in the queue until the train step's timeout."""
+        found = self.training_quota() if self.pipeline.engine == TRAINJOB_ENGINE else None
+        if found is None:
+            return self
+        quota, gpus = found
+        requests = self.pipeline.trainer_resources.requests
+        for variant in self.pipeline.variants:
+            replicas = jobset_replicas(self.pipeline.workers, self.pipeline.parameter_servers_of(variant))
+            pods = sum(replicas.values())
+            asks = {name: quantity_value(requests[name]) * pods for name in ("cpu", "memory")}
+            if gpus:
+                asks[GPU_RESOURCE] = gpus * replicas[NODE_JOB]
+            for name, amount in asks.items():
+                if amount > quantity_value(quota[name]):
+                    raise fail(f"{variant}'s TrainJob asks for {shown_amount(name, amount)} at once, "
+                               f"more than cluster.trainingQuota holds ({quota[name]}): Kueue would never "
+                               "admit it; train on fewer workers, ask for less (pipeline.trainerResources) "
+                               "or give the pool more", "pipeline.workers")
+        return self
+
+    def _shown(self, data: dict) -> dict:
+        data = super()._shown(data)
+        for section, name, key in self._other_engines_keys():
+            if isinstance(data.get(section), dict):
+                data[section] = {k: v for k, v in data[section].items() if k not in (name, key)}
+        return data
+
     @model_validator(mode="after")
     def _load_needs_prometheus(self) -> StackSettings:
         metric = self.serving.autoscaling.metric
@@ -116,6 +190,12 @@ class StackSettings(PipelineSections):
     def kind_sections(self) -> tuple[Any, Any, Any]:
         """The cluster and storage sections as the stack reads them, and the cloud's settings, if any."""
         return self.cluster, self.storage, None
+
+
+def shown_amount(resource: str, amount: float) -> str:
+    if resource == "memory":
+        return f"{amount / 2**30:g}Gi of memory"
+    return f"{amount:g} {'CPU' if resource == 'cpu' else resource}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,11 +3,12 @@ fixed commit with the SHA-256 of their bytes, and the SHA-256 of the in-repo Fas
 
 CI caches the downloads keyed on this file's hash: change a pin here and the cache starts afresh.
 The checksums were computed from the byte-for-byte upstream copies in ../shared/schemas, whose git
-blob SHAs match the upstream ones named in its README. ../shared does not carry the Gateway API's
-CRDs, so the repository does (testdata/upstream/, the upstream files byte for byte, from the tag's
-tree: git blob 7d5b5811d140950b1849a6ae324691887da50a65 for gateways, 8c272c5d00145e6989320d1180d493d81dfb472a
-for httproutes), nor KEDA's ScaledObject CRD (blob 843fab36ed685bb480220b306ffb9305d4c4ed77 at
-v2.18.0); they are checked against the same pins as a download would be.
+blob SHAs match the upstream ones named in its README. ../shared does not carry the CRDs of the Gateway
+API, Kubeflow Trainer v2, JobSet and Kueue, so the repository does (testdata/upstream/<project>-<tag>/,
+the upstream files byte for byte from the tag's tree, Apache-2.0 like their projects: Gateway API git
+blob 7d5b5811d140950b1849a6ae324691887da50a65 for gateways, 8c272c5d00145e6989320d1180d493d81dfb472a for
+httproutes; KEDA v2.18.0's ScaledObject: blob
+843fab36ed685bb480220b306ffb9305d4c4ed77); they are checked against the same pins as a download would be.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ KSERVE_V0_20_0 = f"{RAW}/kserve/kserve/1fb781055dd1567164358233e1125142ca6ef1fe"
 GATEWAY_API_V1_2_1 = f"{RAW}/kubernetes-sigs/gateway-api/a8fe5c8732a37ef471d86afaf570ff8ad0ef0221"
 GATEWAY_API_CRDS = "config/crd/standard"
 GATEWAY_API_DIR = "gateway-api-v1.2.1"
+# Kubeflow Trainer v2 (TrainJob, ClusterTrainingRuntime), the JobSet its TrainJobs become, and Kueue
+# (kueue.x-k8s.io/v1beta2): the releases the stacks install (stacks/settings.py PlatformConfig).
+TRAINER_V2_3_0 = f"{RAW}/kubeflow/trainer/658725bdae5c7e3a0854d93ac6ff492e109a22ab"
+JOBSET_V0_12_0 = f"{RAW}/kubernetes-sigs/jobset/f22e565ac3cc3265c7c45ef67ecffdc689af5d77"
+KUEUE_V0_19_2 = f"{RAW}/kubernetes-sigs/kueue/8eab68778fc1b52affe165fdf5af29d1e9b4f3cb"
+TRAINER_DIR, JOBSET_DIR, KUEUE_DIR = "trainer-v2.3.0", "jobset-v0.12.0", "kueue-v0.19.2"
 # KEDA v2.18.0 (the release KServe v0.20 pins): the ScaledObject KServe writes for a keda-class predictor.
 # The base CRD, without the install's kustomize patch (config/crd/patches/scaledobject_patch.yaml,
 # which only adds bounds 0-3600 to the stabilization windows).
@@ -71,6 +78,21 @@ CRD_PINS: dict[str, Pin] = {pin.name: pin for pin in (
     Pin(f"{GATEWAY_API_DIR}/gateway.networking.k8s.io_httproutes.yaml",
         f"{GATEWAY_API_V1_2_1}/{GATEWAY_API_CRDS}/gateway.networking.k8s.io_httproutes.yaml",
         "db36230a2f54ca3f1733bebc9d303d4db16c958856bf2be941a2c6269b872014", 336_031),
+    Pin(f"{TRAINER_DIR}/trainer.kubeflow.org_trainjobs.yaml",
+        f"{TRAINER_V2_3_0}/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml",
+        "a742cafc5b5582640c7e0b7467c024fc237256fbca5ba0a9f0531dfb66d64416", 554_665),
+    Pin(f"{TRAINER_DIR}/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        f"{TRAINER_V2_3_0}/manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        "ec84dc3388fcdbe8c61d3c247a773d14458dd9438e995bea8e50d2a18080eef9", 926_571),
+    Pin(f"{JOBSET_DIR}/jobset.x-k8s.io_jobsets.yaml",
+        f"{JOBSET_V0_12_0}/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+        "d022b87624512cf0b6741b31b24a2bea9945b5a838b50713af29332c878bb6fe", 823_762),
+    *(Pin(f"{KUEUE_DIR}/kueue.x-k8s.io_{plural}.yaml",
+          f"{KUEUE_V0_19_2}/config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml", sha256, size)
+      for plural, sha256, size in (
+          ("resourceflavors", "19e339c47e9ca3fa2c9eeddd27715a512f765c4794ed859733408a9715720173", 20_182),
+          ("clusterqueues", "e0a5fc9b370c70f3d993d4f599865817338ecf94187b30b15b12ff33c579bd55", 85_909),
+          ("localqueues", "dd10ef8d3578e7212fa52763549e7b6be0949793a5b924495fcd293330109fed", 34_771))),
     Pin(f"{KEDA_DIR}/keda.sh_scaledobjects.yaml",
         f"{KEDA_V2_18_0}/config/crd/bases/keda.sh_scaledobjects.yaml",
         "44e8d3444bb884ed5c8dc4f1b118944a54fe9c81534048793c20b9394ae1de2c", 21_266),

@@ -3,13 +3,15 @@ trained exports."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -68,6 +70,15 @@ EPOCH_END = re.compile(r"\]: epoch (\d+)/\d+ loss=")
 def epochs_logged(log_text: str) -> list[int]:
     """The numbers of the epochs a trainer's log says ended, in order."""
     return [int(match.group(1)) for match in EPOCH_END.finditer(log_text)]
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port whose connections are refused while the block runs: bound, so that no other
+    process can take it, but not listening (a port merely found free could be taken meanwhile)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 def last_line(text: str) -> str:

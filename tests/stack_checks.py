@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cluster_actors
 import kubernetes_validate
 import pulumi
 import pytest
@@ -16,12 +17,19 @@ from pipeline import argo
 from stacks import program, render
 
 CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml",
+        "TrainJob": "trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml",
+        "ClusterTrainingRuntime": "trainer-v2.3.0/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        "ResourceFlavor": "kueue-v0.19.2/kueue.x-k8s.io_resourceflavors.yaml",
+        "ClusterQueue": "kueue-v0.19.2/kueue.x-k8s.io_clusterqueues.yaml",
+        "LocalQueue": "kueue-v0.19.2/kueue.x-k8s.io_localqueues.yaml",
         "Gateway": "gateway-api-v1.2.1/gateway.networking.k8s.io_gateways.yaml",
         "HTTPRoute": "gateway-api-v1.2.1/gateway.networking.k8s.io_httproutes.yaml"}
 ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}
 # Prometheus Operator's kinds, and k3s's HelmChartConfig (its helm-controller generates the CRD in
-# code, no file to pin): no upstream schema in testdata/pins.py, none in kubernetes-validate.
-UNCHECKED_KINDS = {"PodMonitor", "ServiceMonitor", "HelmChartConfig"}
+# code, no file to pin): no upstream schema in testdata/pins.py, none in kubernetes-validate. GKE's
+# GCPBackendPolicy: its CRD (GoogleCloudPlatform/gke-gateway-api) is in no package registry and not in
+# ../shared/schemas, whence the pins come; tests/test_cluster_contracts.py checks the fields GKE reads.
+UNCHECKED_KINDS = {"PodMonitor", "ServiceMonitor", "HelmChartConfig", "GCPBackendPolicy"}
 WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
 WORKFLOW_NAMESPACE = "dist-ml"  # ... and for {{workflow.namespace}}: the stacks' default namespace
 PUBLISHED_VERSION = "3"  # what select outputs, and the serve step receives
@@ -97,3 +105,43 @@ def config_error_before_any_resource(stack: str, values: dict[str, str]) -> str:
         program.main()
     assert mocks.declared == []
     return str(error.value)
+
+
+# --- The training pods a train step would run ------------------------------------------------------
+
+def template_of(rendered: render.Rendered) -> dict:
+    (template,) = objects_of(rendered, "WorkflowTemplate")
+    return template
+
+
+def named(rendered: render.Rendered, kind: str, name: str, namespace: str | None = None) -> dict:
+    (found,) = [o for o in objects_of(rendered, kind) if o["metadata"]["name"] == name
+                and (namespace is None or o["metadata"].get("namespace") == namespace)]
+    return found
+
+
+def train_steps(rendered: render.Rendered) -> list[str]:
+    return [t["name"] for t in template_of(rendered)["spec"]["templates"] if t["name"].startswith("train-")]
+
+
+def runtime_of(rendered: render.Rendered, trainjob: dict) -> dict:
+    return named(rendered, "ClusterTrainingRuntime", trainjob["spec"]["runtimeRef"]["name"])
+
+
+def admitted_jobset(rendered: render.Rendered, step: str) -> dict:
+    """The JobSet Trainer v2 makes of a train step's TrainJob once Kueue admitted it on the stack's flavor."""
+    trainjob = embedded(template_of(rendered), step)
+    runtime = runtime_of(rendered, trainjob)
+    (flavor,) = objects_of(rendered, "ResourceFlavor")
+    created = cluster_actors.kueue_created(trainjob)
+    return cluster_actors.trainer_jobset(runtime, cluster_actors.kueue_admitted(created, runtime, flavor))
+
+
+def training_pods(rendered: render.Rendered, step: str) -> list[dict]:
+    """Every pod a train step's job would run, its node pods first (a TrainJob's) or its workers'."""
+    job = embedded(template_of(rendered), step)
+    if job["kind"] == "TFJob":
+        return [spec["template"] for spec in job["spec"]["tfReplicaSpecs"].values()]
+    return cluster_actors.jobset_pods(admitted_jobset(rendered, step))
+
+

@@ -11,7 +11,8 @@ Operator gives a target of the stacks' PodMonitor (`namespace`, `pod`, `containe
 and each podTargetLabels label under its sanitized name: v0.87.1 pkg/prometheus/promcfg.go
 generatePodMonitorConfig 1483-1538), and starts once the load is on, so that the queries' one-minute
 window holds loaded samples only (on a cluster, the load would have lasted that long).
-Every server binds port 0; its port is read from its listening socket."""
+Every server binds port 0: ours reports its port (serving.process), Prometheus's is read from its
+listening socket."""
 
 from __future__ import annotations
 
@@ -31,13 +32,13 @@ import pytest
 from conftest import in_ci
 from stack_checks import WORKFLOW_NAMESPACE, embedded
 
-from cluster_steps.names import ISVC_LABEL
+from cluster_steps.names import ISVC_LABEL, TRAINJOB_ENGINE
 from infra.monitoring import monitors
 from pipeline import argo
 from pipeline.config import parse_config
 from pipeline.manifests import PREDICTOR_CONTAINER, PREDICTOR_PORT_NAME
 from serving.loadtest import generated_images, run_load
-from serving.process import start_module, stop, wait_until_ready
+from serving.process import running_server, stop
 from tools import prometheus
 
 pytestmark = pytest.mark.slow  # starts the model server and Prometheus
@@ -52,7 +53,8 @@ POD = f"{MODEL}-predictor-7d9f8c6b5-x2k4q"  # a name KServe's Deployment gives a
 
 
 def listening_port(process: subprocess.Popen, log: Path, timeout: float = PORT_SECONDS) -> int:
-    """The TCP port `process` (bound to port 0) listens on, read from its socket."""
+    """The TCP port `process` (bound to port 0) listens on, read from its socket (Prometheus logs the
+    address it was given, 127.0.0.1:0, before the one it got)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -92,19 +94,6 @@ def prometheus_binary() -> Path:
     if in_ci():
         pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
     pytest.skip(message)
-
-
-@contextlib.contextmanager
-def model_server(repo: Path, work: Path) -> Iterator[str]:
-    log = work / "server.log"
-    process = start_module("serving.server", "--model-repo", repo, "--model-name", MODEL, "--http-port", 0,
-                           "--grpc-port", 0, "--max-batch-wait-ms", BATCH_WAIT_MS, log=log)
-    try:
-        url = f"http://127.0.0.1:{listening_port(process, log)}"
-        wait_until_ready(url, MODEL, process, log)
-        yield url
-    finally:
-        stop(process)
 
 
 @contextlib.contextmanager
@@ -153,10 +142,13 @@ def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
         published_repo, prometheus_binary, tmp_path):
     started = time.monotonic()
     queries = {metric: trigger_query(metric) for metric in ("inflight", "rps")}
-    (podmonitor,) = [m for m in monitors(WORKFLOW_NAMESPACE, MODEL, "custom") if m["kind"] == "PodMonitor"]
+    (podmonitor,) = [m for m in monitors(WORKFLOW_NAMESPACE, MODEL, "custom", TRAINJOB_ENGINE)
+                     if m["kind"] == "PodMonitor"]
     assert podmonitor["spec"]["podMetricsEndpoints"][0]["port"] == PREDICTOR_PORT_NAME
     labels = target_labels(podmonitor, {ISVC_LABEL: MODEL, "component": "predictor"})
-    with model_server(published_repo, tmp_path) as url:
+    server_args = ["--model-repo", published_repo, "--model-name", MODEL,
+                   "--max-batch-wait-ms", BATCH_WAIT_MS]
+    with running_server(server_args, MODEL, tmp_path / "server.log") as (url, _):
         load = {}
         clients = threading.Thread(target=lambda: load.update(report=run_load(
             url, generated_images(), CLIENTS, model_name=MODEL, duration=LOAD_SECONDS)))

@@ -1,4 +1,5 @@
-"""TF_CONFIG parsing and generation."""
+"""TF_CONFIG: parsed as TFJob sets it, built from what a TrainJob's pod knows (JobSet's environment),
+and the same environment given to local processes."""
 
 from __future__ import annotations
 
@@ -6,10 +7,19 @@ import json
 
 import pytest
 
+from trainer import cluster as tf_cluster
 from trainer.cluster import (
+    COMPLETION_INDEX_ENV,
+    JOBSET_NAME_ENV,
+    LOCAL_ADDRESSES_ENV,
+    NUM_NODES_ENV,
+    PARAMETER_SERVERS_ENV,
+    PORT_ENV,
+    REPLICATED_JOB_ENV,
+    TF_CONFIG,
     ClusterConfigError,
-    local_parameter_server_tasks,
-    local_tf_configs,
+    cluster_from_environment,
+    local_tasks,
     parse_tf_config,
 )
 
@@ -61,15 +71,6 @@ def test_malformed_tf_config_is_a_clear_error(text, message):
         parse_tf_config(text)
 
 
-def test_local_tf_configs_give_each_worker_its_task_on_distinct_ports():
-    configs = [json.loads(text) for text in local_tf_configs(3)]
-    workers = configs[0]["cluster"]["worker"]
-    assert len(set(workers)) == 3 and all(w.startswith("127.0.0.1:") for w in workers)
-    assert all(c["cluster"]["worker"] == workers for c in configs)
-    assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
-    assert [parse_tf_config(json.dumps(c)).is_chief for c in configs] == [True, False, False]
-
-
 def test_a_cluster_with_ps_tasks_counts_only_its_workers_and_its_chief_coordinates():
     cluster = {"chief": ["c:1"], "worker": ["w:2", "w:3"], "ps": ["p:4", "p:5"]}
     specs = {(kind, index): parse_tf_config(json.dumps({"cluster": cluster,
@@ -82,13 +83,95 @@ def test_a_cluster_with_ps_tasks_counts_only_its_workers_and_its_chief_coordinat
                                            "task": {"type": "worker", "index": 0}})).uses_parameter_servers
 
 
-def test_local_parameter_server_tasks_are_a_tfjobs_chief_workers_and_ps_on_distinct_ports():
-    tasks = local_parameter_server_tasks(num_workers=2, num_ps=1)
+
+
+def pod_env(job: str = "node", index: int = 0, nodes: int = 3, parameter_servers: int | None = None,
+            **changes: str | None) -> dict[str, str]:
+    """What a pod of TrainJob `run-1-train-cnn` gets: the runtime's environment (pipeline.manifests) and
+    the completion index Kubernetes sets."""
+    env = {JOBSET_NAME_ENV: "run-1-train-cnn", REPLICATED_JOB_ENV: job, COMPLETION_INDEX_ENV: str(index),
+           NUM_NODES_ENV: str(nodes), PORT_ENV: "2222"}
+    if parameter_servers is not None:
+        env[PARAMETER_SERVERS_ENV] = str(parameter_servers)
+    env.update(changes)
+    return {key: value for key, value in env.items() if value is not None}
+
+
+def test_a_trainjob_pod_builds_the_tf_config_of_its_jobset_from_jobsets_hostnames():
+    specs = [cluster_from_environment(pod_env(index=index)) for index in range(3)]
+    hosts = [f"run-1-train-cnn-node-0-{i}.run-1-train-cnn:2222" for i in range(3)]
+    assert all(spec.cluster == {"worker": hosts} for spec in specs)
+    assert [(s.task_type, s.task_index, s.is_chief) for s in specs] == [
+        ("worker", 0, True), ("worker", 1, False), ("worker", 2, False)]
+    assert {s.num_workers for s in specs} == {3} and not specs[0].uses_parameter_servers
+
+
+def test_under_parameter_servers_node_0_is_the_chief_the_other_nodes_work_and_ps_pods_serve():
+    pods = [pod_env("node", i, nodes=3, parameter_servers=2) for i in range(3)]
+    pods += [pod_env("ps", i, nodes=3, parameter_servers=2) for i in range(2)]
+    specs = [cluster_from_environment(env) for env in pods]
+    node = "run-1-train-cnn-node-0-{}.run-1-train-cnn:2222"
+    ps = "run-1-train-cnn-ps-0-{}.run-1-train-cnn:2222"
+    assert {json.dumps(s.cluster, sort_keys=True) for s in specs} == {json.dumps(
+        {"chief": [node.format(0)], "worker": [node.format(1), node.format(2)],
+         "ps": [ps.format(0), ps.format(1)]}, sort_keys=True)}
+    assert [(s.task_type, s.task_index) for s in specs] == [
+        ("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0), ("ps", 1)]
+    assert [s.is_chief for s in specs] == [True, False, False, False, False]
+    assert {(s.num_workers, s.num_parameter_servers) for s in specs} == {(2, 2)}
+
+
+def test_tf_config_wins_over_a_jobset_environment_and_neither_means_one_local_worker():
+    tfjob = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
+    spec = cluster_from_environment({**pod_env(), TF_CONFIG: json.dumps(tfjob)})
+    assert spec.cluster == tfjob["cluster"] and spec.task_index == 1
+    assert cluster_from_environment({"HOME": "/home/trainer"}) is tf_cluster.LOCAL
+
+
+@pytest.mark.parametrize("env, message", [
+    (pod_env(**{NUM_NODES_ENV: None}), f"{NUM_NODES_ENV} unset"),
+    (pod_env(**{JOBSET_NAME_ENV: None, COMPLETION_INDEX_ENV: None}),
+     f"{JOBSET_NAME_ENV}, {COMPLETION_INDEX_ENV} unset"),
+    (pod_env(**{COMPLETION_INDEX_ENV: "x"}), f"{COMPLETION_INDEX_ENV} must be a whole number, got 'x'"),
+    (pod_env(index=3, nodes=3), f"{COMPLETION_INDEX_ENV} 3 is not in 0..2 \\(the node job's pods\\)"),
+    (pod_env("ps", 2, parameter_servers=2),
+     f"{COMPLETION_INDEX_ENV} 2 is not in 0..1 \\(the ps job's pods\\)"),
+    (pod_env(nodes=0), f"{NUM_NODES_ENV} must be >= 1, got 0"),
+    (pod_env(nodes=1, parameter_servers=1), f"{NUM_NODES_ENV} must be >= 2, got 1"),
+    (pod_env("launcher"),
+     f"{REPLICATED_JOB_ENV} must be node \\({PARAMETER_SERVERS_ENV} is 0\\), got 'launcher'"),
+    (pod_env("ps"), f"{REPLICATED_JOB_ENV} must be node"),
+    (pod_env(**{PORT_ENV: "70000"}), f"{PORT_ENV} must be a TCP port, got 70000"),
+    (pod_env(**{PARAMETER_SERVERS_ENV: "-1"}), f"{PARAMETER_SERVERS_ENV} must be >= 0, got -1"),
+    (pod_env(**{LOCAL_ADDRESSES_ENV: "{not json"}), f"{LOCAL_ADDRESSES_ENV} is not JSON"),
+    (pod_env(**{LOCAL_ADDRESSES_ENV: '{"elsewhere": "127.0.0.1:1"}'}),
+     f"{LOCAL_ADDRESSES_ENV} has no address for run-1-train-cnn-node-0-0.run-1-train-cnn"),
+])
+def test_a_malformed_or_inconsistent_pod_environment_is_one_clear_error(env, message):
+    with pytest.raises(ClusterConfigError, match=f"^malformed TrainJob pod environment: {message}"):
+        cluster_from_environment(env)
+
+
+def test_local_tasks_get_a_trainjob_pods_environment_with_each_hostname_on_its_own_port():
+    tasks = local_tasks(3)
+    assert [(t.task_type, t.index) for t in tasks] == [("worker", 0), ("worker", 1), ("worker", 2)]
+    specs = [cluster_from_environment(t.env) for t in tasks]
+    workers = specs[0].cluster["worker"]
+    assert len(set(workers)) == 3 and all(w.startswith("127.0.0.1:") for w in workers)
+    assert all(s.cluster == specs[0].cluster for s in specs)
+    assert [s.is_chief for s in specs] == [True, False, False]
+    pod_keys = {JOBSET_NAME_ENV, REPLICATED_JOB_ENV, COMPLETION_INDEX_ENV, NUM_NODES_ENV, PORT_ENV,
+                PARAMETER_SERVERS_ENV}
+    assert all(set(t.env) == pod_keys | {LOCAL_ADDRESSES_ENV} for t in tasks)  # and no TF_CONFIG
+
+
+def test_local_parameter_server_tasks_are_the_runtimes_chief_workers_and_ps_on_distinct_ports():
+    tasks = local_tasks(2, parameter_servers=1)
     assert [(t.task_type, t.index) for t in tasks] == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
-    configs = [json.loads(t.tf_config) for t in tasks]
-    cluster = configs[0]["cluster"]
-    addresses = [a for kind in ("chief", "worker", "ps") for a in cluster[kind]]
+    assert [(t.env[REPLICATED_JOB_ENV], t.env[COMPLETION_INDEX_ENV]) for t in tasks] == [
+        ("node", "0"), ("node", "1"), ("node", "2"), ("ps", "0")]
+    specs = [cluster_from_environment(t.env) for t in tasks]
+    addresses = [a for kind in ("chief", "worker", "ps") for a in specs[0].cluster[kind]]
     assert len(set(addresses)) == 4 and all(a.startswith("127.0.0.1:") for a in addresses)
-    assert all(c["cluster"] == cluster for c in configs)
-    assert [c["task"] for c in configs] == [{"type": t.task_type, "index": t.index} for t in tasks]
-    assert [parse_tf_config(t.tf_config).is_chief for t in tasks] == [True, False, False, False]
+    assert all(s.cluster == specs[0].cluster for s in specs)
+    assert [s.is_chief for s in specs] == [True, False, False, False]

@@ -1,30 +1,50 @@
 """What each actor on the cluster does, checked against what the stacks declare, the way the cluster
-would check it: Argo's controller and the workflow's pods, the TFJob pods, KServe's predictor and
-storage initializer, the request logger, Prometheus, and the order in which things must exist.
+would check it: Argo's controller and the workflow's pods, Kueue's webhook and its admission,
+Kubeflow Trainer v2's controller and JobSet's, the training pods, KServe's predictor and storage
+initializer, the request logger, Prometheus, and the order in which things must exist.
 Every test runs on both stacks' rendered objects (under Pulumi mocks) where the actor exists on both.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 
+import cluster_actors
 import pytest
+import stack_checks
 import yaml
 from conftest import REPO_ROOT
-from stack_checks import PUBLISHED_VERSION, embedded, objects_of
+from stack_checks import (
+    PUBLISHED_VERSION,
+    WORKFLOW_NAME,
+    admitted_jobset,
+    embedded,
+    named,
+    objects_of,
+    runtime_of,
+    template_of,
+    train_steps,
+    training_pods,
+)
 
 from cluster_steps import names as cluster_names
 from cluster_steps import release as rollout
-from infra import gke as gke_infra
-from infra import k3d
-from infra.pipeline import WORKFLOW_POD_RULES
+from infra import gke_endpoint, k3d
+from infra.pipeline import workflow_pod_rules
 from pipeline import argo
 from pipeline.definition import Layout
-from pipeline.manifests import IMAGE_USER
+from pipeline.manifests import GPU_RESOURCE, IMAGE_USER
 from stacks import render
+from stacks.config import parse_stack_config
+from stacks.kinds import k3d as k3d_kind
+from trainer.cluster import LOCAL_ADDRESSES_ENV, TF_PORT_NAME, cluster_from_environment, local_tasks
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
+SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
+GLOBAL_ADDRESS = "gcp:compute/globalAddress:GlobalAddress"
+SECURITY_POLICY = "gcp:compute/securityPolicy:SecurityPolicy"
 WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"
 # What the emissary executor needs in every workflow pod (Argo's docs/workflow-rbac.md, v3.4+).
 EXECUTOR_NEEDS = {("argoproj.io", "workflowtaskresults", verb) for verb in ("create", "patch")}
@@ -33,12 +53,12 @@ ACTION_VERBS = {"create": {"create"}, "apply": {"get", "create", "patch"}, "dele
                 "patch": {"get", "patch"}}
 # Who creates the namespaces the platform's own manifests put objects in (k3s's kube-system comes with
 # the cluster: only the local stack puts an object there, Traefik's HelmChartConfig).
-NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "cert-manager": "platform-cert-manager",
-                      "kube-system": "cluster-cluster"}
+NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "kubeflow-system": "platform-trainer",
+                      "cert-manager": "platform-cert-manager", "kube-system": "cluster-cluster"}
 
 
-def stack_values(stack: str) -> dict[str, str]:
-    values = render.pulumi_values(REPO_ROOT / f"Pulumi.{stack}.yaml")
+def stack_values(stack: str, **sections: dict) -> dict[str, str]:
+    values = stack_checks.stack_values(REPO_ROOT / f"Pulumi.{stack}.yaml", **sections)
     if stack == "gke":
         values.update({"gcp:project": PROJECT, "gcp:region": REGION})
     return values
@@ -54,20 +74,26 @@ def gke() -> render.Rendered:
     return render.render("gke", stack_values("gke"))
 
 
+PUBLIC_DOMAIN = "models.example.com"
+ALLOWED_RANGES = [f"198.51.100.{n}/32" for n in range(12)] + ["203.0.113.0/24"]  # two allow rules' worth
+
+
+def public_gke_values() -> dict[str, str]:
+    values = stack_values("gke")
+    cluster = json.loads(values["dist-ml:cluster"])
+    cluster["endpoint"] = {"public": True, "domain": PUBLIC_DOMAIN, "allowedSourceRanges": ALLOWED_RANGES}
+    return {**values, "dist-ml:cluster": json.dumps(cluster)}
+
+
+@pytest.fixture(scope="module")
+def public_gke() -> render.Rendered:
+    """The gke stack with a public endpoint."""
+    return render.render("gke", public_gke_values())
+
+
 @pytest.fixture(scope="module")
 def local() -> render.Rendered:
     return render.render("local", stack_values("local"))
-
-
-def template_of(rendered: render.Rendered) -> dict:
-    (template,) = objects_of(rendered, "WorkflowTemplate")
-    return template
-
-
-def named(rendered: render.Rendered, kind: str, name: str, namespace: str | None = None) -> dict:
-    (found,) = [o for o in objects_of(rendered, kind) if o["metadata"]["name"] == name
-                and (namespace is None or o["metadata"].get("namespace") == namespace)]
-    return found
 
 
 def grants(rendered: render.Rendered, namespace: str, account_namespace: str, account: str) -> set[tuple]:
@@ -107,7 +133,9 @@ def workflow_pod_needs(template: dict) -> set[tuple]:
         elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.RELEASE_MODULE]:
             needs |= set(cluster_names.API_CALLS)
         elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.TRAIN_STEP_MODULE]:
-            needs |= set(cluster_names.TFJOB_STEP_CALLS)
+            engine = {"TrainJob": cluster_names.TRAINJOB_ENGINE, "TFJob": cluster_names.TFJOB_ENGINE}[
+                embedded(template, step["name"])["kind"]]
+            needs |= set(cluster_names.TRAIN_STEP_CALLS[engine])
     return needs
 
 
@@ -130,13 +158,14 @@ def test_the_workflow_pods_hold_exactly_what_their_templates_do(stack):
     account = template["spec"]["serviceAccountName"]
     assert named(stack, "ServiceAccount", account, namespace)
     assert grants(stack, namespace, namespace, account) == workflow_pod_needs(template)
-    assert not any(rule["resources"] == ["configmaps"] for rule in WORKFLOW_POD_RULES)
+    assert not any(rule["resources"] == ["configmaps"] for engine in cluster_names.TRAIN_STEP_CALLS
+                   for rule in workflow_pod_rules(engine))
 
 
-def test_tfjob_pods_the_predictor_and_the_logger_have_their_own_accounts_with_no_rights(stack):
+def test_training_pods_the_predictor_and_the_logger_have_their_own_accounts_with_no_rights(stack):
     template = template_of(stack)
     namespace = template["metadata"]["namespace"]
-    trainer = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    trainer = training_pods(stack, "train-cnn")[0]["spec"]
     predictor = embedded(template, "serve")["spec"]["predictor"]
     logger = named(stack, "Deployment", "dist-ml-logger", namespace)["spec"]["template"]["spec"]
     accounts = [trainer["serviceAccountName"], predictor["serviceAccountName"], logger["serviceAccountName"]]
@@ -149,11 +178,11 @@ def test_tfjob_pods_the_predictor_and_the_logger_have_their_own_accounts_with_no
 def test_every_pod_that_uses_the_bucket_has_a_google_identity_bound_to_its_account(gke):
     template = template_of(gke)
     namespace = template["metadata"]["namespace"]
-    tfjob_pod = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    training_pod = training_pods(gke, "train-cnn")[0]
     logger_pod = named(gke, "Deployment", "dist-ml-logger", namespace)["spec"]["template"]
     users = {  # account -> the pod metadata of pods that mount the bucket (the predictor copies it)
         template["spec"]["serviceAccountName"]: template["spec"]["podMetadata"],
-        tfjob_pod["spec"]["serviceAccountName"]: tfjob_pod["metadata"],
+        training_pod["spec"]["serviceAccountName"]: training_pod["metadata"],
         logger_pod["spec"]["serviceAccountName"]: logger_pod["metadata"],
         embedded(template, "serve")["spec"]["predictor"]["serviceAccountName"]: None,
     }
@@ -213,11 +242,12 @@ def test_the_route_the_rollout_creates_attaches_to_the_stacks_gateway_and_reache
     namespace = template["metadata"]["namespace"]
     (gateway,) = objects_of(stack, "Gateway")
     assert gateway["metadata"]["namespace"] == namespace
-    (listener,) = gateway["spec"]["listeners"]
+    (listener,) = gateway["spec"]["listeners"]  # inside a network: the model's listener alone, on HTTP
     assert listener["protocol"] == "HTTP" and listener["allowedRoutes"]["namespaces"]["from"] == "Same"
     isvc = embedded(template, "serve")
     route = rollout.http_route(isvc["metadata"]["name"], 10)
-    assert [ref["name"] for ref in route["spec"]["parentRefs"]] == [gateway["metadata"]["name"]]
+    gateway_name = gateway["metadata"]["name"]
+    assert route["spec"]["parentRefs"] == [{"name": gateway_name, "sectionName": listener["name"]}]
     assert "namespace" not in route["spec"]["parentRefs"][0]  # the route's own, where the workflow runs
     backends = route["spec"]["rules"][0]["backendRefs"]
     assert [b["name"] for b in backends] == [f"{name}-predictor" for name in (
@@ -250,28 +280,204 @@ def test_k3s_traefik_serves_the_gateway_on_the_port_k3d_forwards(local):
     # A listener must use an entry point's port (the chart's `web`, 8000, exposed on 80).
     assert gateway["spec"]["listeners"][0]["port"] == k3d.TRAEFIK_WEB_PORT == 8000
     (cluster,) = [r for r in local.of_type("command:local:Command") if r.name == "cluster-cluster"]
-    assert "--port=8088:80@loadbalancer" in cluster.inputs["create"]
+    # Bound to loopback: the model is published to this machine only, not to its network.
+    assert "--port=127.0.0.1:8088:80@loadbalancer" in cluster.inputs["create"]
     assert local.outputs["inferenceUrl"] == "http://localhost:8088/v1/models/fmnist:predict"
     assert "traefik-gateway-provider" in closure(local, "gateway-crds-ready")
 
 
-def test_gke_runs_its_gateway_controller_for_a_class_that_needs_no_proxy_subnet(gke):
-    (cluster,) = gke.of_type("gcp:container/cluster:Cluster")
+def test_the_k3d_host_port_binds_loopback_unless_the_stack_names_another_address():
+    """Docker publishes a port without a host address on every interface of the machine: the
+    default mapping names loopback, and the URL a user is given names the address bound."""
+    ports = parse_stack_config({"cluster": {"kind": "k3d"}}).cluster.ports
+    assert [(p.host_address, p.host, p.container) for p in ports] == [("127.0.0.1", 8088, 80)]
+    args = k3d.K3dClusterArgs(name="n", servers=1, agents=0, k3s_image="rancher/k3s:v1.33.4-k3s1",
+                              ports=(("0.0.0.0", 8088, 80), ("192.0.2.7", 8443, 443)))
+    command = k3d.create_command(args)
+    assert "--port=0.0.0.0:8088:80@loadbalancer --port=192.0.2.7:8443:443@loadbalancer" in command
+    assert [k3d_kind.host_name(a) for a in ("127.0.0.1", "0.0.0.0", "192.0.2.7")] == [
+        "localhost", "localhost", "192.0.2.7"]
+
+
+def the(rendered: render.Rendered, type_token: str) -> render.Declared:
+    (found,) = rendered.of_type(type_token)
+    return found
+
+
+def subnets(rendered: render.Rendered) -> dict[str, render.Declared]:
+    return {r.name: r for r in rendered.of_type(SUBNETWORK)}
+
+
+def test_by_default_gkes_gateway_is_an_internal_load_balancer_in_the_stacks_own_network(gke):
+    """GKE's Gateway controller serves gke-l7-rilb only for a VPC-native cluster with HTTP load
+    balancing, in a network that has an ACTIVE proxy-only subnet (at least a /26) in the cluster's
+    region, made before the Gateway: the load balancer's proxies run there."""
+    cluster = the(gke, "gcp:container/cluster:Cluster")
+    network = the(gke, "gcp:compute/network:Network")
     assert cluster.inputs["gatewayApiConfig"] == {"channel": "CHANNEL_STANDARD"}
+    assert cluster.inputs["addonsConfig"]["httpLoadBalancing"] == {"disabled": False}
+    assert cluster.inputs["networkingMode"] == "VPC_NATIVE"
+    assert network.inputs["autoCreateSubnetworks"] is False  # every range is declared
+    nodes, proxy_only = subnets(gke)["network-nodes"], subnets(gke)["network-proxy-only"]
+    assert cluster.inputs["network"] == f"{network.name}-id"
+    assert cluster.inputs["subnetwork"] == f"{nodes.name}-id"
+    secondary = {r["rangeName"]: r["ipCidrRange"] for r in nodes.inputs["secondaryIpRanges"]}
+    assert cluster.inputs["ipAllocationPolicy"] == {"clusterSecondaryRangeName": "pods",
+                                                    "servicesSecondaryRangeName": "services"}
+    assert set(secondary) == {"pods", "services"}
+    assert (proxy_only.inputs["purpose"], proxy_only.inputs["role"]) == ("REGIONAL_MANAGED_PROXY", "ACTIVE")
+    assert proxy_only.inputs["network"] == f"{network.name}-id"
+    assert proxy_only.inputs["region"] == nodes.inputs["region"] == cluster.inputs["location"] == REGION
+    assert ipaddress.ip_network(proxy_only.inputs["ipCidrRange"]).prefixlen <= 26
+    ranges = [ipaddress.ip_network(r) for r in (nodes.inputs["ipCidrRange"], *secondary.values(),
+                                                 proxy_only.inputs["ipCidrRange"])]
+    assert not any(a.overlaps(b) for i, a in enumerate(ranges) for b in ranges[i + 1:])
     (gateway,) = objects_of(gke, "Gateway")
-    assert gateway["spec"]["gatewayClassName"] == gke_infra.GATEWAY_CLASS == "gke-l7-global-external-managed"
-    assert gateway["spec"]["listeners"][0]["port"] == 80
-    assert not gke.of_type("gcp:compute/subnetwork:Subnetwork")
+    assert gateway["spec"]["gatewayClassName"] == gke_endpoint.INTERNAL_GATEWAY_CLASS == "gke-l7-rilb"
+    assert [(lis["protocol"], lis["port"]) for lis in gateway["spec"]["listeners"]] == [("HTTP", 80)]
+    assert "network-proxy-only" in closure(gke, "gateway-gateway")
+    # Nothing of a public endpoint: no address, certificate, allowlist or backend policy.
+    assert not [r for r in gke.resources if r.type.startswith("gcp:certificatemanager/")
+                or r.type in (GLOBAL_ADDRESS, SECURITY_POLICY)]
+    assert objects_of(gke, "GCPBackendPolicy") == []
     assert "get gateway dist-ml" in gke.outputs["inferenceAddress"]
+    assert gke.outputs["inferenceUrl"] == "http://<inferenceAddress>/v1/models/fmnist:predict"
+    # From inside: a pod of the cluster is in the network and region; it calls the Gateway's address.
+    assert "kubectl -n dist-ml run" in gke.outputs["inferenceFromInside"]
+    assert "curl -sS http://$(kubectl -n dist-ml get gateway dist-ml" in gke.outputs["inferenceFromInside"]
+    assert f"VPC network dist-ml, region {REGION}" in gke.outputs["inferenceNetwork"]
+
+
+def test_a_zonal_cluster_gets_its_subnets_in_the_zones_region():
+    values = stack_values("gke")
+    cluster = {**json.loads(values["dist-ml:cluster"]), "location": "europe-west4-b"}
+    rendered = render.render("gke", {**values, "dist-ml:cluster": json.dumps(cluster)})
+    assert {s.inputs["region"] for s in subnets(rendered).values()} == {"europe-west4"}
+
+
+def test_a_public_gke_endpoint_serves_https_for_its_domain_and_redirects_plain_http(public_gke):
+    """The global external class takes its certificate from the Certificate Manager map the Gateway's
+    annotation names (no tls block then), and its address from the reserved one it names. The
+    model's route attaches to the HTTPS listener alone; the HTTP listener's one route redirects."""
+    (gateway,) = objects_of(public_gke, "Gateway")
+    assert gateway["spec"]["gatewayClassName"] == gke_endpoint.PUBLIC_GATEWAY_CLASS
+    certificate_map = the(public_gke, "gcp:certificatemanager/certificateMap:CertificateMap")
+    address = the(public_gke, GLOBAL_ADDRESS)
+    assert gateway["metadata"]["annotations"] == {"networking.gke.io/certmap": certificate_map.inputs["name"]}
+    assert gateway["spec"]["addresses"] == [{"type": "NamedAddress", "value": address.inputs["name"]}]
+    listeners = {lis["name"]: lis for lis in gateway["spec"]["listeners"]}
+    model = listeners[cluster_names.MODEL_LISTENER]
+    assert (model["protocol"], model["port"]) == ("HTTPS", 443) and "tls" not in model
+    (plain,) = [lis for lis in listeners.values() if lis["protocol"] == "HTTP"]
+    assert plain["port"] == 80
+    isvc = embedded(template_of(public_gke), "serve")
+    model_route = rollout.http_route(isvc["metadata"]["name"], 10)
+    assert {ref["sectionName"] for ref in model_route["spec"]["parentRefs"]} == {model["name"]}
+    (redirect,) = objects_of(public_gke, "HTTPRoute")
+    gateway_name = gateway["metadata"]["name"]
+    assert redirect["spec"]["parentRefs"] == [{"name": gateway_name, "sectionName": plain["name"]}]
+    assert redirect["spec"]["rules"] == [{"filters": [{"type": "RequestRedirect", "requestRedirect": {
+        "scheme": "https", "statusCode": 301}}]}]  # no backendRefs: nothing reaches the model on HTTP
+    # The certificate: Google-managed for the domain, proven by a DNS authorization, in the map.
+    authorization = the(public_gke, "gcp:certificatemanager/dnsAuthorization:DnsAuthorization")
+    certificate = the(public_gke, "gcp:certificatemanager/certificate:Certificate")
+    entry = the(public_gke, "gcp:certificatemanager/certificateMapEntry:CertificateMapEntry")
+    assert authorization.inputs["domain"] == PUBLIC_DOMAIN
+    assert certificate.inputs["managed"] == {"domains": [PUBLIC_DOMAIN],
+                                             "dnsAuthorizations": [f"{authorization.name}-id"]}
+    assert certificate.inputs["scope"] == "DEFAULT"  # what global external load balancers serve
+    assert (entry.inputs["map"], entry.inputs["hostname"]) == (certificate_map.inputs["name"], PUBLIC_DOMAIN)
+    assert entry.inputs["certificates"] == [f"{certificate.name}-id"]
+    # The Gateway is made once what it names exists; no proxy-only subnet (a global class).
+    assert {address.name, entry.name} <= closure(public_gke, "gateway-gateway")
+    assert "network-proxy-only" not in subnets(public_gke)
+    # Users: the https URL, and the DNS records to publish (A to the address, the authorization's CNAME).
+    assert public_gke.outputs["inferenceUrl"] == f"https://{PUBLIC_DOMAIN}/v1/models/fmnist:predict"
+    records = {(r["type"], r["name"]): r["data"] for r in public_gke.outputs["dnsRecords"]}
+    assert records[("A", f"{PUBLIC_DOMAIN}.")] == public_gke.outputs["publicAddress"]
+    assert ("CNAME", f"_acme-challenge.{PUBLIC_DOMAIN}.") in records
+
+
+def test_every_backend_of_a_public_endpoint_is_behind_an_allowlist_that_denies_the_rest(public_gke):
+    """GKE programs each backend service from the GCPBackendPolicy targeting its Service, in the
+    Service's namespace; a Service without one is served with no Cloud Armor policy. So every Service
+    the model's route can name, the canary's too, has one, made before the Gateway, naming the
+    allowlist, whose rules let the configured ranges in (10 a rule at most) and deny the rest."""
+    isvc = embedded(template_of(public_gke), "serve")
+    namespace = template_of(public_gke)["metadata"]["namespace"]
+    (rule,) = rollout.http_route(isvc["metadata"]["name"], 10)["spec"]["rules"]
+    backends = {backend["name"] for backend in rule["backendRefs"]}
+    armor = the(public_gke, SECURITY_POLICY)
+    policies = objects_of(public_gke, "GCPBackendPolicy")
+    assert {p["spec"]["targetRef"]["name"] for p in policies} == backends == {
+        "fmnist-predictor", "fmnist-canary-predictor"}
+    for policy in policies:
+        assert policy["metadata"]["namespace"] == namespace
+        assert policy["spec"]["targetRef"] == {"group": "", "kind": "Service",
+                                               "name": policy["spec"]["targetRef"]["name"]}
+        assert policy["spec"]["default"] == {"securityPolicy": armor.inputs["name"]}
+    assert {f"gateway-gcpbackendpolicy-{name}" for name in backends} <= closure(public_gke, "gateway-gateway")
+    assert "gcpbackendpolicies.networking.gke.io" in the_command(public_gke, "gateway-crds-ready")
+    assert armor.inputs["type"] == "CLOUD_ARMOR"
+    rules = sorted(render.integral_floats_as_ints(armor.inputs["rules"]), key=lambda rule: rule["priority"])
+    *allow, default = rules
+    assert default["priority"] == 2147483647 and default["action"] == "deny(403)"
+    assert default["match"]["config"]["srcIpRanges"] == ["*"]
+    assert all(r["action"] == "allow" and len(r["match"]["config"]["srcIpRanges"]) <= 10 for r in allow)
+    assert [r for rule in allow for r in rule["match"]["config"]["srcIpRanges"]] == ALLOWED_RANGES
+
+
+def the_command(rendered: render.Rendered, name: str) -> str:
+    (command,) = [r for r in rendered.of_type("command:local:Command") if r.name == name]
+    return command.inputs["create"]
+
+
+def test_every_gateway_keeps_the_gateway_apis_listener_rules(stack, public_gke):
+    """The Gateway CRD's CEL rules (testdata/upstream/gateway-api-v1.2.1, not evaluated by the schema
+    validator): no tls on HTTP, HTTPS with tls terminates, names unique, port+protocol+hostname unique."""
+    for rendered in (stack, public_gke):
+        for gateway in objects_of(rendered, "Gateway"):
+            listeners = gateway["spec"]["listeners"]
+            assert all("tls" not in lis for lis in listeners if lis["protocol"] in ("HTTP", "TCP", "UDP"))
+            assert all(lis["tls"].get("mode", "Terminate") == "Terminate" for lis in listeners
+                       if lis["protocol"] == "HTTPS" and "tls" in lis)
+            assert len({lis["name"] for lis in listeners}) == len(listeners)
+            assert len({(lis["port"], lis["protocol"], lis.get("hostname"))
+                        for lis in listeners}) == len(listeners)
 
 
 def test_monitors_name_ports_that_exist(gke):
-    (operator,) = objects_of(gke, "ServiceMonitor")
+    """Kueue's metrics Service names its port `https` and serves /metrics over TLS to a token allowed
+    to GET it (kueue v0.19.2 charts/kueue: metricsService, prometheus/monitor.yaml)."""
+    (queue,) = objects_of(gke, "ServiceMonitor")
+    assert queue["metadata"]["namespace"] == "kueue-system"
+    assert queue["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "kueue",
+                                                        "app.kubernetes.io/component": "metrics-service"}
+    (endpoint,) = queue["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == ("https", "https", "/metrics")
+    assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    assert "targetPort" not in json.dumps([o["spec"] for o in objects_of(gke, "PodMonitor")])
+
+
+def test_with_the_tfjob_engine_the_training_operators_service_is_monitored():
+    rendered = render.render("gke", stack_values_with_engine("gke", "tfjob"))
+    (operator,) = objects_of(rendered, "ServiceMonitor")
     assert operator["metadata"]["namespace"] == "kubeflow"
     # kubeflow/trainer v1.9.4's Service names its port 8080; the container port has no name.
     assert operator["spec"]["selector"]["matchLabels"] == {"app": "training-operator"}
     assert operator["spec"]["endpoints"] == [{"port": "monitoring-port", "path": "/metrics"}]
-    assert "targetPort" not in json.dumps([o["spec"] for o in objects_of(gke, "PodMonitor")])
+
+
+def stack_values_with_engine(stack: str, engine: str) -> dict[str, str]:
+    """The stack file's values with another engine (and its platform keys)."""
+    values = stack_values(stack, pipeline={"engine": engine})
+    platform = {key: value for key, value in json.loads(values["dist-ml:platform"]).items()
+                if key not in ("trainerVersion", "kueueVersion")}
+    values["dist-ml:platform"] = json.dumps(platform)
+    if stack == "local":
+        values["dist-ml:cluster"] = json.dumps({key: value for key, value in json.loads(
+            values["dist-ml:cluster"]).items() if key != "trainingQuota"})
+    return values
 
 
 def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_serve():
@@ -327,24 +533,197 @@ def quantity(value: str) -> float:
     return float(match[1]) * units.get(match[2] or "", 1)
 
 
+def pod_requests(pod: dict) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for container in pod["spec"]["containers"]:
+        for resource, amount in container.get("resources", {}).get("requests", {}).items():
+            total[resource] = total.get(resource, 0) + quantity(str(amount))
+    return total
+
+
 def test_the_local_stacks_defaults_fit_a_default_k3d_cluster(local):
     """The busiest moments of a run on the default local config, each within 3 CPUs and 6 GiB, leaving
-    a 4-CPU, 8-GiB Docker VM room for the platform: training (`parallelism` training steps at once
-    beside the stable predictor and the logger), and the rollout (the stable predictor rolling to the
-    promoted version and the canary, each with one surge replica, and the logger)."""
+    a 4-CPU, 8-GiB Docker VM room for the platform: training (every train step's pod watching its
+    TrainJob, what Kueue's quota admits of them, the stable predictor and the logger), and the
+    rollout (the stable predictor rolling to the promoted version and the canary, each with one surge
+    replica, and the logger)."""
     template = template_of(local)
-    parallelism = template["spec"]["parallelism"]
-    trains = [embedded(template, t["name"]) for t in template["spec"]["templates"]
-              if t["name"].startswith("train-")][:parallelism]
+    assert "parallelism" not in template["spec"]  # every variant's TrainJob is submitted at once
+    steps = [t for t in template["spec"]["templates"] if t["name"].startswith("train-")]
+    (queue,) = objects_of(local, "ClusterQueue")
+    quota = {r["name"]: quantity(r["nominalQuota"])
+             for r in queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
     predictor = embedded(template, "serve")["spec"]["predictor"]
     replica = predictor["containers"][0]["resources"]["requests"]
     logger = named(local, "Deployment", "dist-ml-logger")["spec"]["template"]["spec"]["containers"][0]
-    training = [replica] * predictor["minReplicas"] + [logger["resources"]["requests"]]
-    for tfjob in trains:  # every replica type: Workers, and a Chief and PS under parameter servers
-        for replicas in tfjob["spec"]["tfReplicaSpecs"].values():
-            requests = replicas["template"]["spec"]["containers"][0]["resources"]["requests"]
-            training += [requests] * replicas["replicas"]
+    serving = [replica] * predictor["minReplicas"] + [logger["resources"]["requests"]]
+    watchers = [step["container"]["resources"]["requests"] for step in steps]
     rolling = [replica] * (predictor["minReplicas"] + 1) * 2 + [logger["resources"]["requests"]]
-    for pods in (training, rolling):
-        assert sum(quantity(p["cpu"]) for p in pods) <= 3
-        assert sum(quantity(p["memory"]) for p in pods) <= 6 * 2**30
+    for pods, admitted in ((serving + watchers, quota), (rolling, {})):
+        assert sum(quantity(p["cpu"]) for p in pods) + admitted.get("cpu", 0) <= 3
+        assert sum(quantity(p["memory"]) for p in pods) + admitted.get("memory", 0) <= 6 * 2**30
+
+
+def test_every_trainjob_fits_its_queue_or_kueue_would_never_admit_it(stack):
+    """Kueue admits a job only when the quota holds all of its pods' requests at once."""
+    (queue,) = objects_of(stack, "ClusterQueue")
+    quota = {r["name"]: quantity(r["nominalQuota"])
+             for r in queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
+    for step in train_steps(stack):
+        needs: dict[str, float] = {}
+        for pod in training_pods(stack, step):
+            for resource, amount in pod_requests(pod).items():
+                needs[resource] = needs.get(resource, 0) + amount
+        assert set(needs) <= set(queue["spec"]["resourceGroups"][0]["coveredResources"]), step
+        assert all(amount <= quota[resource] for resource, amount in needs.items()), (step, needs, quota)
+
+
+# --- Kueue, Kubeflow Trainer v2 and JobSet -----------------------------------------------------------
+
+def test_kueue_holds_every_trainjob_until_its_queue_admits_it_and_the_queue_admits_this_namespace(stack):
+    template = template_of(stack)
+    namespace = template["metadata"]["namespace"]
+    (local_queue,) = objects_of(stack, "LocalQueue")
+    (queue,) = objects_of(stack, "ClusterQueue")
+    (flavor,) = objects_of(stack, "ResourceFlavor")
+    assert local_queue["metadata"]["namespace"] == namespace and local_queue["metadata"]["name"] != "default"
+    assert local_queue["spec"]["clusterQueue"] == queue["metadata"]["name"]
+    # A ClusterQueue without a namespaceSelector admits no namespace (kueue v0.19.2 clusterqueue_types.go).
+    assert queue["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    assert [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]] == [flavor["metadata"]["name"]]
+    for step in train_steps(stack):
+        trainjob = embedded(template, step)
+        assert trainjob["metadata"]["labels"][cluster_actors.QUEUE_LABEL] == local_queue["metadata"]["name"]
+        assert cluster_actors.kueue_created(trainjob)["spec"]["suspend"] is True
+    (chart,) = [r for r in stack.of_type("kubernetes:helm.sh/v4:Chart") if r.name == "platform-kueue"]
+    config = yaml.safe_load(chart.inputs["values"]["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["integrations"]["frameworks"] == ["trainer.kubeflow.org/trainjob"]  # no pod gating
+    assert config["managedJobsNamespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == namespace
+    assert "enable" not in config["waitForPodsReady"] and config["waitForPodsReady"]["timeout"]  # v1beta2
+
+
+def test_kueues_admission_puts_every_training_pod_on_the_training_pool_and_only_there(gke):
+    (flavor,) = objects_of(gke, "ResourceFlavor")
+    assert flavor["spec"]["nodeLabels"] == {"dist-ml/pool": "spot"}
+    for pod in training_pods(gke, "train-cnn"):
+        assert pod["spec"]["nodeSelector"] == {"dist-ml/pool": "spot"}
+        assert {t["key"] for t in pod["spec"]["tolerations"]} == {"cloud.google.com/gke-spot"}
+
+
+def test_on_the_gpu_pool_every_node_pod_asks_for_the_nodes_gpus_and_the_queue_covers_them():
+    values = stack_values("gke")
+    cluster = json.loads(values["dist-ml:cluster"])
+    cluster["nodePools"]["gpu"] = {"enabled": True, "maxNodes": 2}
+    cluster["trainingPool"] = "gpu"
+    values["dist-ml:cluster"] = json.dumps(cluster)
+    rendered = render.render("gke", values)
+    (flavor,) = objects_of(rendered, "ResourceFlavor")
+    assert flavor["metadata"]["name"] == "dist-ml-gpu"
+    (queue,) = objects_of(rendered, "ClusterQueue")
+    (flavor_quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
+    resources = {r["name"]: r["nominalQuota"] for r in flavor_quota["resources"]}
+    assert resources[GPU_RESOURCE] == "2"  # 2 nodes of 1 T4
+    for pod in training_pods(rendered, "train-cnn"):
+        (node,) = pod["spec"]["containers"]
+        assert node["resources"]["requests"][GPU_RESOURCE] == node["resources"]["limits"][GPU_RESOURCE] == 1
+        assert {t["key"] for t in pod["spec"]["tolerations"]} == {"nvidia.com/gpu"}
+
+
+def test_trainer_fills_only_the_node_container_and_the_jobset_it_builds_validates(stack, validate_crd):
+    trainjob = embedded(template_of(stack), "train-cnn")
+    runtime = runtime_of(stack, trainjob)
+    jobset = admitted_jobset(stack, "train-cnn")
+    assert validate_crd("jobset-v0.12.0/jobset.x-k8s.io_jobsets.yaml", jobset) == []
+    (node_job,) = jobset["spec"]["replicatedJobs"]
+    (declared,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    (container,) = node_job["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "node"
+    assert container["command"] == trainjob["spec"]["trainer"]["command"]
+    assert node_job["template"]["spec"]["parallelism"] == node_job["template"]["spec"]["completions"] == 2
+    # Everything but what Trainer fills is the runtime's: the storage, the identity, one try per pod.
+    pod = node_job["template"]["spec"]["template"]["spec"]
+    declared_pod = declared["template"]["spec"]["template"]["spec"]
+    assert pod["volumes"] == declared_pod["volumes"] and pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == declared_pod["serviceAccountName"]
+    # resourcesPerNode holds every resource the runtime's node container does, with the same amounts:
+    # Kueue v0.19.2 (which replaces the container's with it) and Trainer v2.3.0 (which merges it in)
+    # count the same requests.
+    assert declared_pod["containers"][0]["resources"] == trainjob["spec"]["trainer"]["resourcesPerNode"]
+    assert container["resources"] == trainjob["spec"]["trainer"]["resourcesPerNode"]
+
+
+@pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
+def test_every_pod_of_a_trainjob_builds_one_tf_config_naming_jobsets_hostnames(strategy):
+    """What each pod knows (its labels and index through the downward API, the TrainJob's node count)
+    gives every pod the same cluster, whose addresses are the pods' DNS names in JobSet's headless
+    Service and the port the containers declare; each pod is its own task."""
+    pipeline = {"variants": ["cnn"], "strategy": strategy}
+    rendered = render.render("local", stack_values("local", pipeline=pipeline))
+    pods = training_pods(rendered, "train-cnn")
+    clusters, tasks = set(), []
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        spec = cluster_from_environment(cluster_actors.container_env(pod, container["name"]))
+        clusters.add(json.dumps(spec.cluster, sort_keys=True))
+        tasks.append((spec.task_type, spec.task_index))
+        (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == TF_PORT_NAME]
+        own = spec.cluster[spec.task_type][spec.task_index]
+        assert own == f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}:{port}"
+    assert len(clusters) == 1
+    expected = ([("worker", 0), ("worker", 1)] if strategy == "sync"
+                else [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)])
+    assert tasks == expected
+
+
+def test_under_parameter_servers_the_chief_ends_the_job_and_the_ps_pods_are_told_the_node_count():
+    rendered = render.render("local", stack_values("local", pipeline={"variants": ["cnn"],
+                                                                        "strategy": "parameter-server"}))
+    jobset = admitted_jobset(rendered, "train-cnn")
+    jobs = {job["name"]: job["template"]["spec"] for job in jobset["spec"]["replicatedJobs"]}
+    assert jobs["node"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}  # the chief's index
+    assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["node"]}
+    (ps,) = jobs["ps"]["template"]["spec"]["containers"]
+    assert ps["command"] == ["python", "-m", "trainer.parameter_server"]
+    assert {e["name"]: e.get("value") for e in ps["env"]}["DIST_ML_NUM_NODES"] == "3"
+
+
+def test_every_trainjob_name_leaves_its_pod_names_dns_labels(stack):
+    """JobSet's webhook refuses pod names past 63 characters (with Kubernetes' 6-character suffix),
+    and Trainer then leaves the TrainJob without a condition; a submitted workflow's name is the
+    template's and 6 characters."""
+    for step in train_steps(stack):
+        for pod in cluster_actors.jobset_pods(admitted_jobset(stack, step)):
+            name = pod["spec"]["hostname"].replace("{{workflow.name}}", WORKFLOW_NAME) + "-abcde"
+            assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name), name
+
+
+def test_trainer_and_kueue_are_installed_before_the_objects_their_webhooks_check(stack):
+    for kind in ("ClusterTrainingRuntime", "WorkflowTemplate"):
+        for resource in stack.resources:
+            if resource.is_kubernetes_object and resource.inputs["kind"] == kind:
+                assert {"platform-trainer", "platform-kueue"} <= closure(stack, resource.name), resource.name
+    for kind in ("ResourceFlavor", "ClusterQueue", "LocalQueue"):
+        (resource,) = [r for r in stack.resources if r.is_kubernetes_object and r.inputs["kind"] == kind]
+        assert "platform-kueue" in closure(stack, resource.name)
+    # The workflow's TrainJobs name a runtime that exists: Trainer's and Kueue's webhooks refuse others.
+    assert any(r.inputs.get("kind") == "ClusterTrainingRuntime" for r in stack.resources
+               if r.name in closure(stack, "pipeline-workflow-template"))
+
+
+@pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
+def test_local_processes_get_exactly_the_environment_a_trainjobs_pods_get(strategy):
+    """trainer.launch gives each local process what the rendered runtime gives each pod (the JobSet's
+    name, the replicated job, the index, the node count, the port, the parameter servers), plus
+    where each hostname listens on this machine: the local engine trains on the TrainJob's code path."""
+    pipeline = {"variants": ["cnn"], "strategy": strategy}
+    rendered = render.render("local", stack_values("local", pipeline=pipeline))
+    jobset_name = f"{WORKFLOW_NAME}-train-cnn"
+    pods = []
+    for pod in training_pods(rendered, "train-cnn"):
+        pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = jobset_name  # as a run names it
+        (container,) = pod["spec"]["containers"]
+        pods.append(cluster_actors.container_env(pod, container["name"]))
+    servers = 1 if strategy == "parameter-server" else 0  # Pulumi.local.yaml: 2 workers, 1 ps
+    local = [task.env for task in local_tasks(2, servers, jobset_name)]
+    assert [{k: v for k, v in env.items() if k != LOCAL_ADDRESSES_ENV} for env in local] == pods
+    assert all(json.loads(env[LOCAL_ADDRESSES_ENV]) for env in local)

@@ -27,7 +27,8 @@ from stacks.settings import StackSettings
 
 IDENTITY = {"identity.fake.example/account": "fake-storage-user"}
 IMAGES = Images(trainer="registry.fake.example/trainer:1.0", serving="registry.fake.example/serving:1.0")
-PLACEMENT = TrainingPlacement(node_selector={"fake.example/pool": "training"})
+PLACEMENT = TrainingPlacement(pool="training", quota={"cpu": "8", "memory": "32Gi"},
+                              node_selector={"fake.example/pool": "training"})
 GATEWAY = GatewayPlacement("fake-gateway-class", 8080, url="http://gateway.fake.example")
 
 
@@ -90,9 +91,16 @@ def test_the_whole_stack_renders_on_a_plugged_in_kind(fake_kind, validate_crd):
     assert validate_all(rendered, validate_crd, "v4", "1.33") >= 15
     template = objects_of(rendered, "WorkflowTemplate")[0]
     # The kind's images, placement and identity reach every object that uses them.
-    tfjob_pod = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
-    assert tfjob_pod["containers"][0]["image"] == IMAGES.trainer
-    assert tfjob_pod["nodeSelector"] == PLACEMENT.node_selector
+    assert embedded(template, "train-cnn")["spec"]["trainer"]["image"] == IMAGES.trainer
+    (runtime,) = objects_of(rendered, "ClusterTrainingRuntime")
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert node["template"]["spec"]["template"]["spec"]["nodeSelector"] == PLACEMENT.node_selector
+    (flavor,) = objects_of(rendered, "ResourceFlavor")
+    assert (flavor["metadata"]["name"], flavor["spec"]["nodeLabels"]) == ("dist-ml-training",
+                                                                          PLACEMENT.node_selector)
+    (queue,) = objects_of(rendered, "ClusterQueue")
+    (quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
+    assert {r["name"]: r["nominalQuota"] for r in quota["resources"]} == PLACEMENT.quota
     assert embedded(template, "serve")["spec"]["predictor"]["containers"][0]["image"] == IMAGES.serving
     accounts = objects_of(rendered, "ServiceAccount")
     assert len(accounts) == 4 and all(a["metadata"]["annotations"] == IDENTITY for a in accounts)

@@ -16,10 +16,9 @@ import pytest
 from conftest import REPO_ROOT, train_args
 from PIL import Image
 
-from common.ports import free_ports
 from infra.images import IMAGE_INPUTS
 from serving import client
-from serving.process import stop, wait_until_ready
+from serving.process import stop, wait_for_ports, wait_until_ready
 from tools import virtualenvs
 
 pytestmark = pytest.mark.slow  # builds virtualenvs from the package registry, trains and serves
@@ -76,13 +75,15 @@ def png(pixels: bytes) -> bytes:
 def test_the_serving_image_lock_answers_a_request_for_the_trainers_export(trainer_image_export, tmp_path):
     python, repo = image_python("serving"), tmp_path / "models"
     shutil.copytree(trainer_image_export, repo / "fmnist" / "1")
-    root, log, port = image_root("serving", tmp_path / "app"), tmp_path / "server.log", free_ports(1)[0]
-    url = f"http://127.0.0.1:{port}"
+    root, log = image_root("serving", tmp_path / "app"), tmp_path / "server.log"
+    port_file = tmp_path / "server.ports"
     with log.open("w") as out:
         server = subprocess.Popen([str(python), "-m", "serving.server", "--model-repo", str(repo),
-                                   "--model-name", "fmnist", "--http-port", str(port), "--grpc-port", "0"],
+                                   "--model-name", "fmnist", "--http-port", "0", "--no-grpc",
+                                   "--port-file", str(port_file)],
                                   cwd=root, env=image_env("serving"), stdout=out, stderr=subprocess.STDOUT)
     try:
+        url = f"http://127.0.0.1:{wait_for_ports(port_file, server, log)['http']}"
         wait_until_ready(url, "fmnist", server, log)
         ((label, probability),) = client.predict([png(bytes(range(28)) * 28)], url=url, model_name="fmnist")
         assert isinstance(label, str) and 0.0 <= probability <= 1.0

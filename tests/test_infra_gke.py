@@ -34,6 +34,7 @@ SERVICE = "gcp:projects/service:Service"  # enables an API, through Service Usag
 # The module of a Google resource type (gcp:<module>/<type>:<Type>) -> the API that creates it.
 MODULE_APIS = {
     "artifactregistry": "artifactregistry.googleapis.com",
+    "certificatemanager": "certificatemanager.googleapis.com",
     "compute": "compute.googleapis.com",
     "container": "container.googleapis.com",
     "logging": "logging.googleapis.com",
@@ -59,8 +60,8 @@ def gke_stack() -> render.Rendered:
 
 
 def training_pod(rendered: render.Rendered, step: str = "train-cnn") -> dict:
-    (template,) = objects_of(rendered, "WorkflowTemplate")
-    return embedded(template, step)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    """A node pod of the step's TrainJob, as it would run once Kueue admitted it."""
+    return stack_checks.training_pods(rendered, step)[0]
 
 
 def test_every_component_is_declared(gke_stack):
@@ -196,7 +197,7 @@ def test_workload_identity_bindings_wait_for_the_cluster_that_creates_the_identi
 
 def test_pipeline_pods_mount_the_bucket_where_the_local_stack_mounts_its_volume(gke_stack):
     pod = training_pod(gke_stack)
-    assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    assert pod["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
     (volume,) = pod["spec"]["volumes"]
     assert volume["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
     assert volume["csi"]["volumeAttributes"]["bucketName"] == f"{PROJECT}-dist-ml"
@@ -284,23 +285,27 @@ def embedded_argument(args: list[str]) -> dict:
     return json.loads(args[args.index(cluster_names.MANIFEST_FLAG) + 1])
 
 
-def training_pool_tolerations(node: object, in_tfjob: bool = False) -> list[tuple[bool, dict]]:
-    """(inside a TFJob?, toleration) for every toleration of a spot or GPU taint under `node`,
-    with Argo's embedded manifests opened."""
+TRAINING_OBJECTS = ("ClusterTrainingRuntime", "ResourceFlavor", "TFJob")
+
+
+def training_pool_tolerations(node: object, in_training: bool = False) -> list[tuple[bool, dict]]:
+    """(inside a training object?, toleration) for every toleration of a spot or GPU taint under `node`,
+    with Argo's embedded manifests opened: the training runtime's, Kueue's flavor's, a TFJob's."""
     found = []
     if isinstance(node, dict):
         for key, value in node.items():
             embeds = key == "args" and isinstance(value, list) and cluster_names.MANIFEST_FLAG in value
             if key == "manifest" and isinstance(value, str) or embeds:
                 manifest = yaml.safe_load(value) if key == "manifest" else embedded_argument(value)
-                found += training_pool_tolerations(manifest, in_tfjob or manifest.get("kind") == "TFJob")
+                inside = in_training or manifest.get("kind") in TRAINING_OBJECTS
+                found += training_pool_tolerations(manifest, inside)
             elif key == "tolerations" and isinstance(value, list):
-                found += [(in_tfjob, t) for t in value if t.get("key") in TRAINING_TAINT_KEYS]
+                found += [(in_training, t) for t in value if t.get("key") in TRAINING_TAINT_KEYS]
             else:
-                found += training_pool_tolerations(value, in_tfjob)
+                found += training_pool_tolerations(value, in_training or node.get("kind") in TRAINING_OBJECTS)
     elif isinstance(node, list):
         for item in node:
-            found += training_pool_tolerations(item, in_tfjob)
+            found += training_pool_tolerations(item, in_training)
     return found
 
 
@@ -308,9 +313,10 @@ def test_only_training_pods_tolerate_the_spot_and_gpu_taints_and_the_cpu_pool_st
     rendered = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "gpu", "nodePools": {
         "spot": {"enabled": True}, "gpu": {"enabled": True}}}))
     found = [entry for resource in rendered.resources for entry in training_pool_tolerations(resource.inputs)]
-    # The search sees the training pods' tolerations (so it is not blind), and nothing else's.
-    assert [toleration for in_tfjob, toleration in found if in_tfjob] == [GPU_TOLERATION] * len(TRAIN_STEPS)
-    assert [toleration for in_tfjob, toleration in found if not in_tfjob] == []
+    # The search sees the training pods' tolerations, in their runtime and Kueue's flavor (so it is not
+    # blind), and nothing else's.
+    assert [toleration for in_training, toleration in found if in_training] == [GPU_TOLERATION] * 2
+    assert [toleration for in_training, toleration in found if not in_training] == []
     (logger,) = [d for d in objects_of(rendered, "Deployment") if "logger" in d["metadata"]["name"]]
     assert "tolerations" not in logger["spec"]["template"]["spec"]
     for isvc in objects_of(rendered, "InferenceService"):  # the stack's, if it declares one
@@ -364,11 +370,14 @@ def test_images_are_built_for_the_nodes_platform_whatever_machine_builds_them(gk
 
 def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
     monitors = [*objects_of(gke_stack, "PodMonitor"), *objects_of(gke_stack, "ServiceMonitor")]
-    assert {m["metadata"]["name"] for m in monitors} == {"dist-ml-predictor", "training-operator"}
+    assert {m["metadata"]["name"] for m in monitors} == {"dist-ml-predictor", "kueue"}
     (dashboard,) = [config_map for config_map in objects_of(gke_stack, "ConfigMap")
                     if config_map["metadata"]["name"] == "dist-ml-dashboard"]
     panels = json.loads(dashboard["data"]["dist-ml.json"])["panels"]
-    assert [p["title"] for p in panels] == ["Request rate", "Latency", "Predictor replicas", "TFJobs"]
+    assert [p["title"] for p in panels] == ["Request rate", "Latency", "Predictor replicas", "Training queue"]
+    queue = {target["legendFormat"]: target["expr"] for target in panels[3]["targets"]}
+    assert queue == {"pending": 'sum(kueue_pending_workloads{cluster_queue="dist-ml-training"})',
+                     "admitted": 'sum(kueue_admitted_active_workloads{cluster_queue="dist-ml-training"})'}
     (chart,) = [r for r in gke_stack.of_type("kubernetes:helm.sh/v4:Chart")
                 if r.inputs["chart"] == "kube-prometheus-stack"]
     assert chart.inputs["version"] == "80.4.1"
@@ -439,6 +448,27 @@ BAD_GKE_CONFIG = [
     ({"dist-ml:cluster": {"kind": "gke", "name": "a-cluster-name-of-25-char"}},
      "cluster.name: must be a GKE cluster name: 1-24"),
     ({"dist-ml:cluster": {"kind": "gke", "location": "us-central"}}, "cluster.location: must be a region"),
+    *[({"dist-ml:cluster": {"kind": "gke", "endpoint": endpoint}}, message) for endpoint, message in (
+        ({"public": True, "allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.domain: is required with public: true: the endpoint serves HTTPS only"),
+        ({"public": True, "domain": "models.example.com"},
+         "cluster.endpoint.allowedSourceRanges: is required with public: true"),
+        ({"public": True, "domain": "models.example.com", "allowedSourceRanges": ["0.0.0.0/0"]},
+         "cluster.endpoint.allowedSourceRanges[0]: 0.0.0.0/0 lets everyone in"),
+        ({"public": True, "domain": "models.example.com", "allowedSourceRanges": ["10.1.2.3/8"]},
+         "cluster.endpoint.allowedSourceRanges[0]: must be an IPv4 range like 203.0.113.0/24, "
+         "got '10.1.2.3/8' (10.1.2.3/8 has host bits set)"),
+        ({"public": True, "domain": "models.example.com", "allowedSourceRanges": ["203.0.113.0"]},
+         "cluster.endpoint.allowedSourceRanges[0]: must be an IPv4 range like 203.0.113.0/24"),
+        ({"public": True, "domain": "*.example.com", "allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.domain: must be a domain name like models.example.com"),
+        ({"public": True, "domain": "localhost", "allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.domain: must be a domain name like models.example.com"),
+        ({"domain": "models.example.com"}, "cluster.endpoint.domain: applies only to a public endpoint"),
+        ({"allowedSourceRanges": ["203.0.113.0/24"]},
+         "cluster.endpoint.allowedSourceRanges: applies only to a public endpoint"),
+        ({"public": "yes"}, "cluster.endpoint.public: must be true or false"),
+    )],
     *[({"gcp:project": project}, "gcp:project: must be your GCP project id")
       for project in ("my-gcp-project", "YOUR-PROJECT", "proj1", "ends-with-hyphen-", "9starts-with-digit",
                       "a-project-id-longer-than-thirty")],
@@ -457,6 +487,31 @@ def test_bad_gke_config_fails_naming_the_key_before_any_resource(changes, messag
         else:
             values[key] = json.dumps(value) if isinstance(value, dict) else value
     assert config_error_before_any_resource("gke", values).startswith(f"stack config: {message}")
+
+
+PUBLIC_ENDPOINT = {"public": True, "domain": "models.example.com", "allowedSourceRanges": ["203.0.113.0/24"]}
+
+
+@pytest.fixture(scope="module")
+def public_gke_stack() -> render.Rendered:
+    cluster = json.loads(stack_file_values()["dist-ml:cluster"])
+    return render.render("gke", gke_values(**{"cluster": {**cluster, "endpoint": PUBLIC_ENDPOINT}}))
+
+
+def test_a_public_endpoints_objects_validate_and_its_google_resources_wait_for_their_apis(
+        public_gke_stack, validate_crd):
+    assert validate_all(public_gke_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    kinds = {o["kind"] for o in public_gke_stack.objects}
+    assert {"Gateway", "HTTPRoute", "GCPBackendPolicy"} <= kinds
+    assert "GCPBackendPolicy" in stack_checks.UNCHECKED_KINDS  # no pinned schema: see stack_checks
+    assert types_without_their_api(public_gke_stack.resources) == set()
+    by_name = {resource.name: resource for resource in public_gke_stack.resources}
+    services = {service.name for service in public_gke_stack.of_type(SERVICE)}
+    endpoint = [r for r in public_gke_stack.resources if r.type.startswith(("gcp:certificatemanager/",
+                                                                             "gcp:compute/"))]
+    assert len(endpoint) == 8  # network, 1 subnet, address, authorization, certificate, map, entry, policy
+    for resource in endpoint:
+        assert services <= waits_for(resource, by_name), resource.name
 
 
 def test_gcp_settings_on_the_local_stack_are_errors():

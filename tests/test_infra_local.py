@@ -38,19 +38,24 @@ def test_the_graph_holds_every_component(default_stack):
     assert any(c.startswith("k3d cluster create dist-ml --servers=1 --agents=0 "
                             "--image=rancher/k3s:v1.33.4-k3s1") for c in commands)
     assert sum("k3d image import dist-ml/" in c for c in commands) == 2
-    (operator,) = default_stack.of_type("kubernetes:kustomize/v2:Directory")
-    assert operator.inputs["directory"].endswith("manifests/overlays/standalone?ref=v1.9.4")
+    (trainer,) = default_stack.of_type("kubernetes:kustomize/v2:Directory")
+    assert trainer.inputs["directory"] == ("https://github.com/kubeflow/trainer.git/manifests/overlays/manager"
+                                           "?ref=v2.3.0")
     files = {r.inputs["file"] for r in default_stack.of_type("kubernetes:yaml/v2:ConfigFile")}
     assert "https://github.com/argoproj/argo-workflows/releases/download/v4.1.2/install.yaml" in files
     assert any("cert-manager/releases/download/v1.17.0/" in f for f in files)
     charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs for r in
               default_stack.of_type("kubernetes:helm.sh/v4:Chart")}
-    assert set(charts) == {"kserve-crd", "kserve-resources", "kserve-runtime-configs"}
-    assert {c["version"] for c in charts.values()} == {"v0.20.0"}
+    assert set(charts) == {"kserve-crd", "kserve-resources", "kserve-runtime-configs", "kueue"}
+    assert {charts[c]["version"] for c in ("kserve-crd", "kserve-resources", "kserve-runtime-configs")} == {
+        "v0.20.0"}
+    assert (charts["kueue"]["chart"], charts["kueue"]["version"]) == ("oci://registry.k8s.io/kueue/charts/kueue",
+                                                                       "0.19.2")
     assert charts["kserve-resources"]["values"]["kserve"]["controller"]["deploymentMode"] == "Standard"
     kinds = {o["kind"] for o in default_stack.objects}
     assert {"PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
-            "WorkflowTemplate", "Deployment", "Service"} <= kinds
+            "WorkflowTemplate", "Deployment", "Service", "ClusterTrainingRuntime", "ResourceFlavor",
+            "ClusterQueue", "LocalQueue"} <= kinds
     assert "Workflow" not in kinds  # pipeline.runOnUp is false
     assert "InferenceService" not in kinds  # the pipeline's serve step owns it
 
@@ -63,21 +68,29 @@ def test_config_changes_the_objects(validate_crd):
     rendered = render.render("local", stack_values(
         pipeline={"workers": 3, "variants": ["cnn"], "runOnUp": True},
         serving={"minReplicas": 2, "maxReplicas": 5, "autoscaling": {"metric": "cpu", "target": 50}},
-        platform={"argoVersion": "v3.7.18", "kserveVersion": "v0.19.0", "trainingOperatorVersion": "v1.9.3"},
+        platform={"argoVersion": "v3.7.18", "kserveVersion": "v0.19.0", "trainerVersion": "v2.3.1",
+                  "kueueVersion": "v0.19.3"},
+        cluster={"trainingQuota": {"cpu": "3", "memory": "5Gi"}},
         storage={"size": "25Gi"},
     ))
     validate_all(rendered, validate_crd, "v3", KUBERNETES_VERSION)
     (template,) = objects_of(rendered, "WorkflowTemplate")
     trains = [t["name"] for t in template["spec"]["templates"] if t["name"].startswith("train-")]
     assert trains == ["train-cnn"]
-    assert embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert embedded(template, "train-cnn")["spec"]["trainer"]["numNodes"] == 3
     predictor = embedded(template, "serve")["spec"]["predictor"]
     assert (predictor["minReplicas"], predictor["maxReplicas"], predictor["scaleTarget"]) == (2, 5, 50)
-    assert {r.inputs["version"] for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")} == {"v0.19.0"}
+    charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs["version"]
+              for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")}
+    assert charts == {"kserve-crd": "v0.19.0", "kserve-resources": "v0.19.0",
+                      "kserve-runtime-configs": "v0.19.0", "kueue": "0.19.3"}
     files = {r.inputs["file"] for r in rendered.of_type("kubernetes:yaml/v2:ConfigFile")}
     assert any("argo-workflows/releases/download/v3.7.18/" in f for f in files)
-    (operator,) = rendered.of_type("kubernetes:kustomize/v2:Directory")
-    assert operator.inputs["directory"].endswith("?ref=v1.9.3")
+    (trainer,) = rendered.of_type("kubernetes:kustomize/v2:Directory")
+    assert trainer.inputs["directory"].endswith("?ref=v2.3.1")
+    (queue,) = objects_of(rendered, "ClusterQueue")
+    (quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
+    assert {r["name"]: r["nominalQuota"] for r in quota["resources"]} == {"cpu": "3", "memory": "5Gi"}
     (claim,) = objects_of(rendered, "PersistentVolumeClaim")
     assert claim["spec"]["resources"]["requests"]["storage"] == "25Gi"
     (run,) = objects_of(rendered, "Workflow")
@@ -117,10 +130,27 @@ def test_policies_hold_and_are_not_blind(default_stack):
 def test_images_are_tagged_from_their_content(default_stack):
     (template,) = objects_of(default_stack, "WorkflowTemplate")
     isvc = embedded(template, "serve")
-    trainer = embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
-    assert trainer["containers"][0]["image"].startswith("dist-ml/trainer:")
+    assert embedded(template, "train-cnn")["spec"]["trainer"]["image"].startswith("dist-ml/trainer:")
+    (runtime,) = objects_of(default_stack, "ClusterTrainingRuntime")
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    (container,) = node["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith("dist-ml/trainer:")
+    assert container["imagePullPolicy"] == "IfNotPresent"
     assert isvc["spec"]["predictor"]["containers"][0]["image"].startswith("dist-ml/serving:")
-    assert trainer["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_the_tfjob_engine_installs_the_training_operator_instead_and_its_steps_create_tfjobs(validate_crd):
+    platform = {"trainerVersion": None, "kueueVersion": None, "trainingOperatorVersion": "v1.9.3"}
+    values = stack_values(pipeline={"engine": "tfjob"}, platform=platform, cluster={"trainingQuota": None})
+    rendered = render.render("local", values)
+    validate_all(rendered, validate_crd, "v4", KUBERNETES_VERSION)
+    (operator,) = rendered.of_type("kubernetes:kustomize/v2:Directory")
+    assert operator.inputs["directory"].endswith("manifests/overlays/standalone?ref=v1.9.3")
+    assert not [r for r in rendered.of_type("kubernetes:helm.sh/v4:Chart") if "kueue" in r.inputs["chart"]]
+    kinds = {o["kind"] for o in rendered.objects}
+    assert not kinds & {"ClusterTrainingRuntime", "ResourceFlavor", "ClusterQueue", "LocalQueue"}
+    (template,) = objects_of(rendered, "WorkflowTemplate")
+    assert embedded(template, "train-cnn")["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 2
 
 
 BAD_STACK_CONFIG = [
@@ -143,6 +173,14 @@ BAD_STACK_CONFIG = [
     ({"storage": {"accessMode": "ReadOnlyMany"}}, "storage.accessMode: must be one of"),
     ({"serving": {"runtime": "tensorflow"}},
      "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: TF Serving serves no"),
+    ({"pipeline": {"engine": "kubeflow"}}, "pipeline.engine: must be one of trainjob, tfjob"),
+    ({"platform": {"trainingOperatorVersion": "v1.9.4"}},
+     "platform.trainingOperatorVersion: applies only to pipeline.engine tfjob, and this stack's is trainjob"),
+    ({"pipeline": {"engine": "tfjob"}},
+     "platform.trainerVersion: applies only to pipeline.engine trainjob, and this stack's is tfjob"),
+    ({"cluster": {"trainingQuota": {"cpu": "2"}}}, "cluster.trainingQuota.memory: is required"),
+    ({"pipeline": {"workers": 5}},
+     "pipeline.workers: cnn's TrainJob asks for 2.5 CPU at once, more than cluster.trainingQuota holds (2)"),
     ({"serving": {"runtime": "tensorflow", "autoscaling": {"metric": "rps"}},
       "monitoring": {"enabled": True}},
      "serving.autoscaling.metric: rps is read from our server's metrics, and runtime tensorflow"),

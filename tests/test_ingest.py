@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_module
+from conftest import refused_port, run_module
 
-from common.ports import free_ports
 from trainer import fashion_mnist
 from trainer.atomic import COMMIT_MARKER, is_committed
 from trainer.dataset_files import FILE_NAMES
@@ -41,11 +40,6 @@ def http_server(sample_dir: Path):
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
     server.server_close()
-
-
-def closed_port() -> int:
-    """A port that nothing listens on: connections to it are refused."""
-    return free_ports(1)[0]
 
 
 def assert_nothing_written(out: Path) -> None:
@@ -91,10 +85,9 @@ def test_ingest_from_local_http_server(http_server, sample_dir, tmp_path):
 
 
 def test_unreachable_source_uses_the_fallback_with_a_warning(sample_dir, tmp_path, capsys):
-    closed_port_url = f"http://127.0.0.1:{closed_port()}/"
     out = tmp_path / "data"
-
-    manifest = ingest_with_fallback(closed_port_url, str(sample_dir), out)
+    with refused_port() as port:
+        manifest = ingest_with_fallback(f"http://127.0.0.1:{port}/", str(sample_dir), out)
 
     warning = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
     assert len(warning) == 1 and "unreachable" in warning[0] and str(sample_dir) in warning[0]
@@ -103,8 +96,8 @@ def test_unreachable_source_uses_the_fallback_with_a_warning(sample_dir, tmp_pat
 
 def test_unreachable_source_without_fallback_fails_and_writes_nothing(tmp_path):
     out = tmp_path / "data"
-    with pytest.raises(SourceUnavailable, match="unreachable"):
-        ingest(f"http://127.0.0.1:{closed_port()}/", out)
+    with refused_port() as port, pytest.raises(SourceUnavailable, match="unreachable"):
+        ingest(f"http://127.0.0.1:{port}/", out)
     assert_nothing_written(out)
 
 

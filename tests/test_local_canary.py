@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import last_line, run_module
+from conftest import last_line, refused_port, run_module
 
-from common.ports import free_ports
 from pipeline.config import parse_config
 from pipeline.local_canary import (
     HISTORY_FILE,
@@ -215,6 +214,7 @@ def test_a_broken_rollout_state_is_a_one_line_error(repo_root):
 
 
 def test_a_server_that_does_not_answer_fails_the_step_in_one_line():
-    url = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
-    with pytest.raises(ServerError, match=rf"^{url}/metrics: "):
-        send_traffic(url, MODEL, RolloutState(1, 2, 50), [b"image"], min_requests=1, max_wait_seconds=1)
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(ServerError, match=rf"^{url}/metrics: "):
+            send_traffic(url, MODEL, RolloutState(1, 2, 50), [b"image"], min_requests=1, max_wait_seconds=1)

@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +28,7 @@ from cloudevents.http import CloudEvent
 from conftest import run_module, train_args
 from rename_refusal import refusing_directory_renames, subprocess_env
 
-from common.ports import free_ports
-from serving.process import REPO_ROOT, stop
+from serving.process import REPO_ROOT, stop, wait_for_ports
 from trainer import model_repository
 from trainer.atomic import COMMIT_MARKER, is_committed
 from trainer.dataset_files import MANIFEST_NAME
@@ -214,32 +212,21 @@ def post_event(url: str, number: int) -> None:
     requests.post(url, headers=headers, data=body, timeout=10).raise_for_status()
 
 
-def start_logger(out_dir: Path, port: int, log: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
+def start_logger(out_dir: Path, port_file: Path, log: Path, env: dict[str, str],
+                 *extra: str) -> subprocess.Popen:
+    """The logger on the port it binds, which it writes to `port_file` once it listens."""
     with open(log, "w") as log_file:
         return subprocess.Popen(
-            [sys.executable, "-m", "serving.logger", "--port", str(port), "--out-dir", str(out_dir),
-             "--host", "127.0.0.1", *extra],
+            [sys.executable, "-m", "serving.logger", "--port", "0", "--port-file", str(port_file),
+             "--out-dir", str(out_dir), "--host", "127.0.0.1", *extra],
             cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **env})
 
 
-def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert process.poll() is None, log.read_text()
-        try:
-            requests.get(f"http://127.0.0.1:{port}/", timeout=1)
-            return
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-
-
 def test_the_logger_rotates_by_size_and_closes_its_files_on_sigterm(tmp_path, gcsfuse_env):
-    port, log = free_ports(1)[0], tmp_path / "logger.log"
-    out_dir = tmp_path / "inference-log"
-    process = start_logger(out_dir, port, log, gcsfuse_env, "--rotate-bytes", "1000")
+    log, out_dir = tmp_path / "logger.log", tmp_path / "inference-log"
+    process = start_logger(out_dir, tmp_path / "logger.ports", log, gcsfuse_env, "--rotate-bytes", "1000")
     try:
-        wait_for_port(port, process, log)
+        port = wait_for_ports(tmp_path / "logger.ports", process, log)["http"]
         for number in range(12):
             post_event(f"http://127.0.0.1:{port}/", number)
         process.send_signal(signal.SIGTERM)

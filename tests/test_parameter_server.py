@@ -37,12 +37,14 @@ LONG_RUN = ("--epochs", "6", "--steps-per-epoch", "30", "--batch-size-per-replic
 
 
 # A stand-in replica: exits with the status given for its task ("chief:0" -> 0), else serves forever.
+# Its task comes from the TrainJob pod's environment the launcher gives it, as trainer.train's does.
 FAKE_REPLICA = """
-import json, os, sys, time
-task = json.loads(os.environ["TF_CONFIG"])["task"]
-print(f"{task['type']}:{task['index']} up", flush=True)
+import os, sys, time
+from trainer.cluster import cluster_from_environment
+spec = cluster_from_environment(os.environ)
+key = f"{spec.task_type}:{spec.task_index}"
+print(f"{key} up", flush=True)
 exits = dict(item.split("=") for item in sys.argv[1:])
-key = f"{task['type']}:{task['index']}"
 if key in exits:
     time.sleep(0.5)
     sys.exit(int(exits[key]))

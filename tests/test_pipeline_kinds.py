@@ -73,7 +73,7 @@ def test_argo_renders_by_kind_and_wires_parameters_whatever_the_steps_are_called
     templates = {t["name"]: t for t in template["spec"]["templates"]}
     assert templates["pick"]["outputs"]["parameters"][0]["name"] == argo.VERSION_PARAMETER
     assert templates["roll-out"]["container"]["command"] == ["python", "-m", cluster_names.RELEASE_MODULE]
-    assert argo.applied_manifest(templates["train-cnn"])["kind"] == "TFJob"
+    assert argo.applied_manifest(templates["train-cnn"])["kind"] == "TrainJob"
     (task,) = [t for t in templates["pipeline"]["dag"]["tasks"] if t["name"] == "roll-out"]
     assert task["arguments"]["parameters"] == [
         {"name": "version", "value": "{{tasks.pick.outputs.parameters.version}}"}]

@@ -20,6 +20,8 @@ ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.p
 }
 KUBERNETES_VERSION = "1.33"
 CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "epochs": 4}}
+TFJOB_CONFIG = {"pipeline": {**CONFIG["pipeline"], "engine": "tfjob"}}
+TRAINER_CRDS = "trainer-v2.3.0/trainer.kubeflow.org_"
 TF_SERVING = {"runtime": "tensorflow", "autoscaling": {"metric": "cpu"}}  # no load metrics: CPU
 
 
@@ -39,17 +41,25 @@ def test_every_rendered_object_validates_against_the_upstream_schemas(validate_c
     assert validate_crd(f"{crds}argoproj.io_workflowtemplates.yaml", template) == []
     assert validate_crd(f"{crds}argoproj.io_workflows.yaml", objects["workflow.yaml"]) == []
     for variant in ("cnn", "cnn-batchnorm"):
-        assert validate_crd("kubeflow.org_tfjobs.yaml", embedded(template, f"train-{variant}")) == []
+        assert validate_crd(f"{TRAINER_CRDS}trainjobs.yaml", embedded(template, f"train-{variant}")) == []
+    assert validate_crd(f"{TRAINER_CRDS}clustertrainingruntimes.yaml",
+                        objects["clustertrainingruntime-dist-ml-tensorflow.yaml"]) == []
     assert validate_crd("serving.kserve.io_inferenceservices.yaml", embedded(template, "serve")) == []
     kubernetes_validate.validate(objects["memoize-cache.yaml"], KUBERNETES_VERSION, strict=True)
+    tfjobs = argo.workflow_template(parse_config(TFJOB_CONFIG), ClusterTarget(argo_version=argo_version))
+    for variant in ("cnn", "cnn-batchnorm"):
+        assert validate_crd("kubeflow.org_tfjobs.yaml", embedded(tfjobs, f"train-{variant}")) == []
 
 
 def test_the_validator_is_not_blind(validate_crd):
     template = argo.workflow_template(parse_config(CONFIG))
     template["spec"]["templates"][1]["memoize"]["maxAge"] = 24
-    tfjob = embedded(template, "train-cnn")
-    tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "three"
+    trainjob = embedded(template, "train-cnn")
+    trainjob["spec"]["trainer"]["numNodes"] = "three"
     assert validate_crd("argo-v4.1.2/argoproj.io_workflowtemplates.yaml", template)
+    assert validate_crd(f"{TRAINER_CRDS}trainjobs.yaml", trainjob)
+    tfjob = embedded(argo.workflow_template(parse_config(TFJOB_CONFIG)), "train-cnn")
+    tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "three"
     assert validate_crd("kubeflow.org_tfjobs.yaml", tfjob)
 
 
@@ -61,8 +71,42 @@ def test_the_dag_runs_ingest_then_each_variant_in_parallel_then_select_then_serv
                      "rollout": "serve"}
 
 
-def test_tfjobs_follow_the_config():
+def test_trainjobs_follow_the_config_on_our_runtime_in_kueues_queue():
     config = parse_config(CONFIG)
+    objects = argo.render_objects(config)
+    template = objects["workflowtemplate.yaml"]
+    train = templates(template)["train-cnn-batchnorm"]
+    assert train["container"]["command"] == ["python", "-m", cluster_names.TRAIN_STEP_MODULE]
+    assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure"}
+    trainjob = embedded(template, "train-cnn-batchnorm")
+    assert trainjob["metadata"]["name"] == f"{WORKFLOW_NAME}-train-cnn-batchnorm"
+    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == cluster_names.TRAINING_QUEUE
+    (owner,) = trainjob["metadata"]["ownerReferences"]  # deleting the workflow deletes the job
+    assert (owner["kind"], owner["name"]) == ("Workflow", WORKFLOW_NAME)
+    runtime = objects["clustertrainingruntime-dist-ml-tensorflow.yaml"]
+    reference = {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                 "name": runtime["metadata"]["name"]}
+    assert trainjob["spec"]["runtimeRef"] == reference
+    trainer = trainjob["spec"]["trainer"]
+    assert trainer["numNodes"] == 3 and {"name": "DIST_ML_NUM_NODES", "value": "3"} in trainer["env"]
+    command = trainer["command"]
+    assert command[:3] == ["python", "-m", "trainer.train"]
+    assert command[command.index("--model") + 1] == "cnn_batchnorm"
+    assert command[command.index("--epochs") + 1] == "4"
+    assert trainer["resourcesPerNode"] == config.trainer_resources.as_manifest()
+    jobset = runtime["spec"]["template"]["spec"]
+    assert jobset["failurePolicy"]["maxRestarts"] == config.retries  # then the step's retry
+    (node,) = jobset["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["volumeMounts"] == [{"name": "storage", "mountPath": "/mnt/dist-ml"}]
+    # Its own identity: the workflow's pods may create TrainJobs and InferenceServices, training may not.
+    assert pod["serviceAccountName"] == TRAINER_SERVICE_ACCOUNT
+    assert TRAINER_SERVICE_ACCOUNT != template["spec"]["serviceAccountName"]
+
+
+def test_tfjobs_follow_the_config():
+    config = parse_config(TFJOB_CONFIG)
     template = argo.workflow_template(config)
     train = templates(template)["train-cnn-batchnorm"]
     assert train["container"]["command"] == ["python", "-m", cluster_names.TRAIN_STEP_MODULE]
@@ -164,7 +208,8 @@ def test_render_writes_one_file_per_object(tmp_path):
     assert result.returncode == 0, result.stderr
     kinds = {path.name: yaml.safe_load(path.read_text())["kind"] for path in (tmp_path / "out").iterdir()}
     assert kinds == {"workflowtemplate.yaml": "WorkflowTemplate", "workflow.yaml": "Workflow",
-                     "memoize-cache.yaml": "ConfigMap"}
+                     "memoize-cache.yaml": "ConfigMap",
+                     "clustertrainingruntime-dist-ml-tensorflow.yaml": "ClusterTrainingRuntime"}
     workflow = yaml.safe_load((tmp_path / "out" / "workflow.yaml").read_text())
     assert workflow["spec"]["workflowTemplateRef"]["name"] == argo.WORKFLOW_TEMPLATE_NAME
 
@@ -251,11 +296,30 @@ def test_the_rollout_step_judges_the_version_serve_deployed_within_bounded_waits
 
 PS_CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "parameterServers": 2,
                           "strategy": {"cnn": "parameter-server"}}}
+PS_TFJOB_CONFIG = {"pipeline": {**PS_CONFIG["pipeline"], "engine": "tfjob"}}
+
+
+def test_under_parameter_servers_a_trainjob_runs_on_the_ps_runtime_beside_the_synchronous_one(validate_crd):
+    objects = argo.render_objects(parse_config(PS_CONFIG))
+    template = objects["workflowtemplate.yaml"]
+    runtimes = {name: o for name, o in objects.items() if o["kind"] == "ClusterTrainingRuntime"}
+    assert set(runtimes) == {"clustertrainingruntime-dist-ml-tensorflow.yaml",
+                             "clustertrainingruntime-dist-ml-tensorflow-ps.yaml"}
+    for runtime in runtimes.values():
+        assert validate_crd(f"{TRAINER_CRDS}clustertrainingruntimes.yaml", runtime) == []
+    ps_runtime = runtimes["clustertrainingruntime-dist-ml-tensorflow-ps.yaml"]["spec"]["template"]["spec"]
+    jobs = {job["name"]: job["template"]["spec"] for job in ps_runtime["replicatedJobs"]}
+    assert (jobs["ps"]["parallelism"], jobs["ps"]["completions"]) == (2, 2)
+    trainjob = embedded(template, "train-cnn")
+    assert validate_crd(f"{TRAINER_CRDS}trainjobs.yaml", trainjob) == []
+    assert trainjob["spec"]["runtimeRef"]["name"] == "dist-ml-tensorflow-ps"
+    assert trainjob["spec"]["trainer"]["numNodes"] == 4  # the chief and 3 workers
+    assert embedded(template, "train-cnn-batchnorm")["spec"]["runtimeRef"]["name"] == "dist-ml-tensorflow"
 
 
 @pytest.mark.parametrize("argo_version", sorted(ARGO_CRDS))
 def test_a_parameter_server_tfjob_validates_against_the_upstream_schemas(validate_crd, argo_version):
-    template = argo.workflow_template(parse_config(PS_CONFIG), ClusterTarget(argo_version=argo_version))
+    template = argo.workflow_template(parse_config(PS_TFJOB_CONFIG), ClusterTarget(argo_version=argo_version))
     assert validate_crd(f"{ARGO_CRDS[argo_version]}argoproj.io_workflowtemplates.yaml", template) == []
     tfjob = embedded(template, "train-cnn")
     assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Chief", "Worker", "PS"}
@@ -263,7 +327,7 @@ def test_a_parameter_server_tfjob_validates_against_the_upstream_schemas(validat
 
 
 def test_a_parameter_server_tfjob_has_a_chief_workers_and_ps_and_ends_with_the_chief():
-    template = argo.workflow_template(parse_config(PS_CONFIG))
+    template = argo.workflow_template(parse_config(PS_TFJOB_CONFIG))
     tfjob = embedded(template, "train-cnn")
     replicas = tfjob["spec"]["tfReplicaSpecs"]
     assert {kind: spec["replicas"] for kind, spec in replicas.items()} == {"Chief": 1, "Worker": 3, "PS": 2}

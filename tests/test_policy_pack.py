@@ -3,12 +3,13 @@ both stacks pass, and a stack with a violation of each kind is reported, once pe
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
 import yaml
 from conftest import REPO_ROOT
-from test_cluster_contracts import stack_values
+from test_cluster_contracts import public_gke_values, stack_values
 
 from stacks import policies, policy_pack, render
 
@@ -30,9 +31,10 @@ def reported(resources: list) -> dict[str, list[str]]:
     return found
 
 
-@pytest.mark.parametrize("stack", ["local", "gke"])
+@pytest.mark.parametrize("stack", ["local", "gke", "gke-public"])
 def test_both_stacks_pass_every_policy(stack):
-    resources = as_policy_resources(render.render(stack, stack_values(stack)))
+    values = public_gke_values() if stack == "gke-public" else stack_values(stack)
+    resources = as_policy_resources(render.render(stack.partition("-")[0], values))
     assert len(policy_pack.kubernetes_objects(policy_pack.declared(resources))) >= 15
     assert reported(resources) == {name: [] for name in policy_pack.POLICIES}
 
@@ -57,6 +59,102 @@ def test_each_violation_is_reported():
     assert len(found["requests-and-limits"]) == 2  # no requests, no limits
     assert len(found["private-buckets"]) == 3 and found["no-service-account-keys"] == [
         "key: a service account key; use Workload Identity"]
+
+
+@pytest.fixture(scope="module")
+def public_resources() -> list[types.SimpleNamespace]:
+    return as_policy_resources(render.render("gke", public_gke_values()))
+
+
+def changed(resources: list, kind_or_type: str, change, name: str | None = None) -> list:
+    """A copy of `resources` where `change(props)` edited those of that kind (or type) and name."""
+    edited = copy.deepcopy(resources)
+    for resource in edited:
+        props = resource.props
+        if kind_or_type in (resource.resource_type, props.get("kind")) and name in (
+                None, (props.get("metadata") or {}).get("name")):
+            change(props)
+    return edited
+
+
+def without(resources: list, kind: str, name: str) -> list:
+    return [r for r in resources if not (r.props.get("kind") == kind and r.props["metadata"]["name"] == name)]
+
+
+def plain_http_model_listener(gateway: dict) -> None:
+    gateway["metadata"].pop("annotations")
+    gateway["spec"]["listeners"][0].update(protocol="HTTP", port=8080)
+
+
+def default_rule(action: str):
+    def change(armor: dict) -> None:
+        for rule in armor["rules"]:
+            if rule["priority"] == 2147483647:
+                rule["action"] = action
+    return change
+
+
+def allow_everyone(armor: dict) -> None:
+    armor["rules"][0]["match"]["config"]["srcIpRanges"] = ["*"]
+
+
+def with_backend(route: dict) -> None:
+    route["spec"]["rules"][0]["backendRefs"] = [{"name": "fmnist-predictor", "port": 80}]
+
+
+def iap_instead_of_armor(policy: dict) -> None:
+    policy["spec"]["default"] = {"iap": {"enabled": True, "clientID": "123-abc.apps.googleusercontent.com",
+                                         "oauth2ClientSecret": {"name": "iap-client"}}}
+
+
+GATEWAY = "Gateway/dist-ml"
+ARMOR = "gcp:compute/securityPolicy:SecurityPolicy"
+REFUSED_ENDPOINTS = {
+    "model served on plain HTTP": (lambda r: changed(r, "Gateway", plain_http_model_listener),
+                                   [f"{GATEWAY}: HTTP listener model is public without TLS; it may only "
+                                    "redirect to HTTPS"]),
+    "HTTPS without a certificate": (
+        lambda r: changed(r, "Gateway", lambda gateway: gateway["metadata"].pop("annotations")),
+        [f"{GATEWAY}: HTTPS listener model has no certificate"]),
+    "HTTP listener without its redirect": (
+        lambda r: without(r, "HTTPRoute", "dist-ml-https-redirect"),
+        [f"{GATEWAY}: HTTP listener http-redirect is public without TLS; it may only redirect to HTTPS"]),
+    "HTTP listener routing to the model": (
+        lambda r: changed(r, "HTTPRoute", with_backend),
+        [f"{GATEWAY}: HTTP listener http-redirect is public without TLS; it may only redirect to HTTPS"]),
+    "canary without a backend policy": (
+        lambda r: without(r, "GCPBackendPolicy", "fmnist-canary-predictor"),
+        [f"{GATEWAY}: Service fmnist-canary-predictor is public without an access control "
+         "(no GCPBackendPolicy)"]),
+    "allowlist whose default allows": (
+        lambda r: changed(r, ARMOR, default_rule("allow")),
+        [f"{GATEWAY}: Service {s} is public without an access control (Cloud Armor policy dist-ml-model: "
+         "its default rule (priority 2147483647) does not deny)" for s in ("fmnist-canary-predictor",
+                                                                           "fmnist-predictor")]),
+    "allowlist letting everyone in": (
+        lambda r: changed(r, ARMOR, allow_everyone),
+        [f"{GATEWAY}: Service {s} is public without an access control (Cloud Armor policy dist-ml-model: "
+         "rule 1000 allows everyone)" for s in ("fmnist-canary-predictor", "fmnist-predictor")]),
+    "allowlist the stack does not declare": (
+        lambda r: [x for x in r if x.resource_type != ARMOR],
+        [f"{GATEWAY}: Service {s} is public without an access control (Cloud Armor policy dist-ml-model is "
+         "not declared by the stack)" for s in ("fmnist-canary-predictor", "fmnist-predictor")]),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_ENDPOINTS)
+def test_a_public_endpoint_without_https_or_an_access_control_is_refused(public_resources, case):
+    """What the stack's config refuses (tests/test_infra_gke.py), the pack refuses too, in whatever
+    declared it: plain HTTP to the model, HTTPS without a certificate, a backend without an allowlist."""
+    change, expected = REFUSED_ENDPOINTS[case]
+    found = reported(change(public_resources))
+    assert found["public-endpoints"] == expected
+    assert all(found[name] == [] for name in found if name != "public-endpoints")
+
+
+def test_iap_is_an_access_control_too(public_resources):
+    with_iap = changed(public_resources, "GCPBackendPolicy", iap_instead_of_armor)
+    assert reported(with_iap)["public-endpoints"] == []
 
 
 def test_the_pack_runs_in_its_own_virtualenv_with_pulumi_policy():

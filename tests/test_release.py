@@ -178,10 +178,12 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
     """KubernetesCluster makes exactly the API calls infra's Role for the workflow's pods allows."""
     from kubernetes import client
 
-    from infra.pipeline import WORKFLOW_POD_RULES
+    from infra.pipeline import workflow_pod_rules
 
-    granted = {(group, resource, verb) for rule in WORKFLOW_POD_RULES for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
+    granted = set.intersection(*({(group, resource, verb) for rule in workflow_pod_rules(engine)
+                                  for group in rule["apiGroups"] for resource in rule["resources"]
+                                  for verb in rule["verbs"]}
+                                 for engine in cluster_names.TRAIN_STEP_CALLS))  # whichever trains
     made = set()
     routes = ("gateway.networking.k8s.io", "v1", NAMESPACE, "httproutes")
     isvcs = ("serving.kserve.io", "v1beta1", NAMESPACE, "inferenceservices")
@@ -716,7 +718,8 @@ def test_the_route_splits_between_kserves_predictor_services_and_validates(valid
     # KServe v0.20 Standard mode: Service <isvc>-predictor, port 80 (constants.CommonDefaultHttpPort).
     assert [(b["name"], b["port"], b["weight"]) for b in rule["backendRefs"]] == [
         ("fmnist-predictor", 80, 90), ("fmnist-canary-predictor", 80, 10)]
-    assert route["spec"]["parentRefs"] == [{"name": "dist-ml"}]
+    # The Gateway's model listener alone: never a plain-HTTP listener kept for redirecting to HTTPS.
+    assert route["spec"]["parentRefs"] == [{"name": "dist-ml", "sectionName": "model"}]
     assert "matches" not in rule  # every path: the v1 and v2 protocols, /metrics excepted by nobody
     broken = rollout.http_route("fmnist", 10)
     broken["spec"]["rules"][0]["backendRefs"][0]["weight"] = -1

@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 import requests
-from conftest import REPO_ROOT, run_module
+from conftest import REPO_ROOT, refused_port, run_module
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as kserve_pb
 from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
 from kserve.protocol.infer_type import InferInput, InferRequest
@@ -26,10 +26,9 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from stack_checks import embedded
 
-from common.ports import free_ports
 from serving import client, loadtest
 from serving.grpc_messages import model_infer, pb
-from serving.process import start_module, stop, wait_until_ready
+from serving.process import listening, wait_until_ready
 from stacks import render
 from trainer.fashion_mnist import CLASS_NAMES
 
@@ -45,30 +44,16 @@ Tensor = pb.ModelInferRequest.InferInputTensor
 
 @contextlib.contextmanager
 def grpc_model_server(repo: Path, work: Path, *extra: object) -> Iterator[tuple[str, str, subprocess.Popen]]:
-    """`python -m serving.server` with HTTP and gRPC on free ports; yields (URL, gRPC address, process)."""
-    http_port, grpc_port = free_ports(2)
-    url, address = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+    """`python -m serving.server` with HTTP and gRPC on the free ports it binds; yields (URL, gRPC
+    address, process)."""
     log = work / "server.log"
-    process = start_module(
-        "serving.server",
-        "--model-repo",
-        repo,
-        "--model-name",
-        MODEL,
-        "--http-port",
-        http_port,
-        "--grpc-port",
-        grpc_port,
-        *extra,
-        log=log,
-    )
-    try:
+    with listening("serving.server", "--model-repo", repo, "--model-name", MODEL, "--http-port", 0,
+                   "--grpc-port", 0, *extra, log=log) as (ports, process):
+        url, address = f"http://127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['grpc']}"
         wait_until_ready(url, MODEL, process, log)
         with grpc.insecure_channel(address) as channel:
             grpc.channel_ready_future(channel).result(timeout=GRPC_READY_SECONDS)
         yield url, address, process
-    finally:
-        stop(process)
 
 
 def png(value: int, size: tuple[int, int] = (28, 28)) -> bytes:
@@ -549,15 +534,16 @@ def test_with_kserves_logger_the_server_logs_grpc_requests_to_the_same_sink(pred
 
 def test_the_client_speaks_grpc_without_importing_kserve():
     """Importing kserve parses sys.argv (kserve.model_server) and rejects --protocol grpc."""
-    result = run_module(
-        "serving.client",
-        "predict",
-        str(REPO_ROOT / "README.md"),
-        "--protocol",
-        "grpc",
-        "--grpc-address",
-        f"127.0.0.1:{free_ports(1)[0]}",
-    )
+    with refused_port() as port:
+        result = run_module(
+            "serving.client",
+            "predict",
+            str(REPO_ROOT / "README.md"),
+            "--protocol",
+            "grpc",
+            "--grpc-address",
+            f"127.0.0.1:{port}",
+        )
     assert result.returncode == 1 and "UNAVAILABLE from 127.0.0.1:" in result.stderr, result.stderr
 
 

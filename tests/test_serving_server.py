@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -18,19 +17,19 @@ import pytest
 import requests
 from cloudevents.conversion import to_binary
 from cloudevents.http import CloudEvent
-from conftest import run_module
+from conftest import refused_port, run_module
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from kserve.protocol.rest.server import PrintTimings
 from PIL import Image
 from timing_asgi import TimingMiddleware
 
-from common.ports import free_ports
 from serving import client, loadtest
 from serving import logger as logger_module
 from serving import server as server_module
 from serving.client import inference_request
-from serving.process import model_server, running_server, start_module, stop
+from serving.port_file import read_port_file
+from serving.process import listening, model_server, port_file_beside, running_server
 from serving.server import LimitAndMeasure, without_kserve_timing
 from trainer import fashion_mnist, model_repository
 
@@ -46,15 +45,6 @@ def image_dir(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     for index, pixels in enumerate(test.images[:5]):
         Image.fromarray(pixels[..., 0]).save(directory / f"image-{index}.png")
     return directory
-
-
-@contextlib.contextmanager
-def running(module: str, *args: object, log: Path):
-    process = start_module(module, *args, log=log)
-    try:
-        yield process
-    finally:
-        stop(process)
 
 
 @pytest.fixture(scope="module")
@@ -297,9 +287,21 @@ def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir
     assert 'dist_ml_model_version{model="fmnist"} 1.0' in metrics
 
 
+def test_a_server_under_test_binds_port_zero_and_answers_on_the_port_it_reports(published_repo, tmp_path):
+    """serving.process gives the server port 0, never a port chosen beforehand (tests/test_bound_ports.py):
+    the server binds it, and the port file and its log line name the port it answers on."""
+    log, repo = tmp_path / "server.log", published_repo
+    with running_server(["--model-repo", repo, "--model-name", MODEL], MODEL, log) as (url, process):
+        assert process.args[process.args.index("--http-port") + 1] == "0"
+        port = int(url.rpartition(":")[2])
+        assert port > 0 and read_port_file(port_file_beside(log)) == {"http": port}
+        assert f"serving.server: listening on http port {port}" in log.read_text()
+        assert requests.get(f"{url}/v1/models/{MODEL}").status_code == 200
+
+
 def test_a_dead_log_sink_neither_fails_nor_slows_predictions(published_repo, image_dir, tmp_path):
-    dead_sink = f"http://127.0.0.1:{free_ports(1)[0]}/"
-    with model_server(published_repo, MODEL, tmp_path / "server.log", "--log-url", dead_sink) as (url, _):
+    with refused_port() as port, model_server(published_repo, MODEL, tmp_path / "server.log", "--log-url",
+                                              f"http://127.0.0.1:{port}/") as (url, _):
         path, body = png_body(image_dir)
         requests.post(url + path, json=body)  # warm-up: the first call traces the model
         latencies = []
@@ -321,12 +323,11 @@ def logged_lines(out_dir: Path) -> list[str]:
 
 
 def test_the_logger_sink_receives_request_and_response_events(published_repo, image_dir, tmp_path):
-    sink_port = free_ports(1)[0]
     out_dir = tmp_path / "inference-log"
-    sink_url = f"http://127.0.0.1:{sink_port}/"
-    with running("serving.logger", "--port", sink_port, "--out-dir", out_dir, "--host", "127.0.0.1",
-                 log=tmp_path / "logger.log"), \
-            model_server(published_repo, MODEL, tmp_path / "server.log", "--log-url", sink_url) as (url, _):
+    with listening("serving.logger", "--port", 0, "--out-dir", out_dir, "--host", "127.0.0.1",
+                   log=tmp_path / "logger.log") as (sink, _), \
+            model_server(published_repo, MODEL, tmp_path / "server.log", "--log-url",
+                         f"http://127.0.0.1:{sink['http']}/") as (url, _):
         path, body = png_body(image_dir)
         for i in range(3):
             requests.post(url + path, json=body, headers={"x-request-id": f"r{i}"}).raise_for_status()
@@ -353,10 +354,9 @@ def wait_for_logger(port: int, log: Path) -> requests.Response:
 
 
 def test_the_logger_sink_rejects_what_is_not_a_cloudevent(tmp_path):
-    port = free_ports(1)[0]
-    with running("serving.logger", "--port", port, "--out-dir", tmp_path / "log", "--host",
-                 "127.0.0.1", log=tmp_path / "logger.log"):
-        response = wait_for_logger(port, tmp_path / "logger.log")
+    with listening("serving.logger", "--port", 0, "--out-dir", tmp_path / "log", "--host",
+                   "127.0.0.1", log=tmp_path / "logger.log") as (ports, _):
+        response = wait_for_logger(ports["http"], tmp_path / "logger.log")
     assert response.status_code == 400 and "not a CloudEvent" in response.json()["error"]
     assert logged_lines(tmp_path / "log") == []
 
@@ -376,9 +376,10 @@ def post_request_event(port: int, number: int) -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see open files")
 def test_the_logger_closes_a_file_once_it_is_rotate_seconds_old_while_running(tmp_path):
-    port, out_dir, log = free_ports(1)[0], tmp_path / "log", tmp_path / "logger.log"
-    with running("serving.logger", "--port", port, "--out-dir", out_dir, "--host", "127.0.0.1",
-                 "--rotate-seconds", "0.5", log=log) as process:
+    out_dir, log = tmp_path / "log", tmp_path / "logger.log"
+    with listening("serving.logger", "--port", 0, "--out-dir", out_dir, "--host", "127.0.0.1",
+                   "--rotate-seconds", "0.5", log=log) as (ports, process):
+        port = ports["http"]
         wait_for_logger(port, log)
         post_request_event(port, 0)
         assert len(open_files_under(process.pid, out_dir)) == 1  # open until it is old enough

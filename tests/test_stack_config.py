@@ -94,6 +94,10 @@ MORE_BAD_STACK_CONFIG = [
     ({"cluster": {"kind": "k3d", "ports": [{"host": 8088}]}}, "cluster.ports[0].container: is required"),
     ({"cluster": {"kind": "k3d", "ports": [{"host": 8088, "container": 70000}]}},
      "cluster.ports[0].container: must be an integer <= 65535, got 70000"),
+    ({"cluster": {"kind": "k3d", "ports": [{"host": 8088, "container": 80, "hostAddress": "localhost"}]}},
+     "cluster.ports[0].hostAddress: must be an IPv4 address like 127.0.0.1, got 'localhost'"),
+    ({"cluster": {"kind": "k3d", "ports": [{"host": 8088, "container": 80, "hostAddress": "127.0.0.256"}]}},
+     "cluster.ports[0].hostAddress: must be an IPv4 address like 127.0.0.1, got '127.0.0.256'"),
     ({"cluster": {"kind": "k3d", "servers": True}}, "cluster.servers: must be an integer >= 1, got True"),
     ({"cluster": {"kind": "k3d"}, "monitoring": {"enabled": "yes"}},
      "monitoring.enabled: must be true or false"),
@@ -239,6 +243,10 @@ def valid_stacks() -> st.SearchStrategy[dict]:
         "cluster": st.fixed_dictionaries({"kind": st.just("gke")}, optional={
             "name": st.from_regex(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$", fullmatch=True),
             "releaseChannel": st.sampled_from(["RAPID", "STABLE"]), "deletionProtection": st.booleans(),
+            "endpoint": st.one_of(st.just({"public": False}), st.fixed_dictionaries({
+                "public": st.just(True), "domain": st.sampled_from(["models.example.com", "a.b.example.org"]),
+                "allowedSourceRanges": st.lists(st.ip_addresses(v=4).map(lambda a: f"{a}/32"),
+                                                min_size=1, max_size=12)})),
             "nodePools": st.fixed_dictionaries({}, optional={
                 "cpu": pool.map(lambda p: {**p, "minNodes": max(1, p.get("minNodes", 1))}),
                 "spot": pool.map(lambda p: {**p, "enabled": True}),
@@ -252,13 +260,21 @@ def valid_stacks() -> st.SearchStrategy[dict]:
     k3d = st.fixed_dictionaries({
         "cluster": st.fixed_dictionaries({"kind": st.just("k3d")}, optional={
             "servers": st.integers(1, 3).map(float), "ports": st.lists(st.fixed_dictionaries(
-                {"host": st.integers(1, 65535), "container": st.integers(1, 65535)}), max_size=2)})},
+                {"host": st.integers(1, 65535), "container": st.integers(1, 65535)}, optional={
+                    "hostAddress": st.ip_addresses(v=4).map(str)}), max_size=2)})},
         optional={"storage": st.fixed_dictionaries({}, optional={
                       "size": st.sampled_from(["10Gi", "1.5Ti", 5]), "accessMode": st.just("ReadWriteOnce")}),
                   "namespace": st.from_regex(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", fullmatch=True),
                   "pipeline": st.fixed_dictionaries({}, optional={"runOnUp": st.booleans(),
                                                                   "workers": st.integers(1, 8)})})
-    return gke | k3d
+    return gke | k3d.map(with_room_for_its_workers)
+
+
+def with_room_for_its_workers(raw: dict) -> dict:
+    """A k3d stack whose quota holds a TrainJob of its workers (each asks for 1 CPU and 2Gi by default)."""
+    workers = raw.get("pipeline", {}).get("workers", 2)
+    quota = {"cpu": workers, "memory": f"{2 * workers}Gi"}
+    return {**raw, "cluster": {**raw["cluster"], "trainingQuota": quota}}
 
 
 @FUZZ

@@ -1,5 +1,5 @@
 """A variant has one home: a fourth CNN variant added to trainer/variants.py alone reaches the
-pipeline's default config, the Argo render (its own train step and TFJob), both stacks' rendered
+pipeline's default config, the Argo render (its own train step and TrainJob), both stacks' rendered
 WorkflowTemplates and `make demo`, with no other file touched."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ config = load_config(None)
 template = argo.workflow_template(config)
 templates = {{t["name"]: t for t in template["spec"]["templates"]}}
 train = templates.get("train-cnn-wide", {{}})
-tfjob = argo.applied_manifest(train) if train else {{}}
+trainjob = argo.applied_manifest(train) if train else {{}}
 stacks = {{}}
 for stack in {STACK_FILES!r}:
     name = stack.split(".")[1]
@@ -52,9 +52,8 @@ for stack in {STACK_FILES!r}:
 print(json.dumps({{
     "default": list(config.variants),
     "tasks": {{t["name"]: t.get("depends") for t in templates["pipeline"]["dag"]["tasks"]}},
-    "tfjob_kind": tfjob.get("kind"),
-    "command": tfjob["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
-    if tfjob else [],
+    "job_kind": trainjob.get("kind"),
+    "command": trainjob["spec"]["trainer"]["command"] if trainjob else [],
     "stacks": stacks,
     "tensorflow_imported": "tensorflow" in sys.modules,
 }}))
@@ -95,7 +94,7 @@ def test_the_config_the_render_and_both_stacks_follow_the_variants_module(fourth
     assert found["tasks"]["train-cnn-wide"] == "ingest"
     assert found["tasks"]["select"] == " && ".join(
         "train-" + name.replace("_", "-") for name in (*VARIANTS, FOURTH))
-    assert found["tfjob_kind"] == "TFJob"
+    assert found["job_kind"] == "TrainJob"
     command = found["command"]
     assert command[:3] == ["python", "-m", "trainer.train"]
     assert command[command.index("--model") + 1] == FOURTH

@@ -3,13 +3,16 @@
     python -m trainer.launch --workers N [--parameter-servers P] --log-dir DIR -- --model NAME ...
         (trainer.train's flags after --)
 
-Synchronous (no --parameter-servers): N workers, each `python -m trainer.train` with its own
-TF_CONFIG on free ports and its own log file (DIR/worker-<i>.log); the job succeeds when every
-worker has, and when one fails the others are stopped and the error names it and shows the end of
-its log.
+Every process gets the environment a pod of our TrainJob gets (trainer.cluster.local_tasks: its JobSet's
+name, replicated job and completion index, the node count), with each task's hostname on a free port
+of 127.0.0.1, and builds its TF_CONFIG from it as the pods do.
+
+Synchronous (no --parameter-servers): N workers, each `python -m trainer.train` with its own log file
+(DIR/worker-<i>.log); the job succeeds when every worker has, and when one fails the others are
+stopped and the error names it and shows the end of its log.
 
 Parameter servers (--parameter-servers P): a chief (the coordinator, DIR/chief-0.log), N workers and
-P parameter servers (DIR/ps-<i>.log), with the TF_CONFIG of a TFJob's Chief, Worker and PS pods.
+P parameter servers (DIR/ps-<i>.log), as the runtime's node 0, nodes 1..N and ps pods.
 Workers and parameter servers never exit by themselves: the job succeeds when the chief does, and
 then they are stopped (TFJob's cleanPodPolicy Running). A worker that dies is started again (TFJob's
 restartPolicy OnFailure; meanwhile the coordinator runs its steps on the others) up to
@@ -26,19 +29,12 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Sequence
 
 from common import cli
-from trainer.cluster import (
-    CHIEF,
-    PS,
-    TF_CONFIG,
-    WORKER,
-    LocalTask,
-    local_parameter_server_tasks,
-    local_tf_configs,
-)
+from trainer.cluster import CHIEF, CLUSTER_ENV, PS, WORKER, LocalTask, local_tasks
 
 POLL_SECONDS = 0.2
 LOG_TAIL_LINES = 15
@@ -46,10 +42,18 @@ LOG_TAIL_LINES = 15
 WORKER_RESTARTS = 3
 # --slow-worker-percent: the last worker is paused (SIGSTOP) that share of every period.
 THROTTLE_PERIOD_SECONDS = 0.1
+# TF_CONFIG names every task's port before the tasks start, so another program may take one between
+# its choice and its binding: TensorFlow then says this and exits. The job starts again on other ports.
+PORT_TAKEN = "Could not start gRPC server"
+PORT_RETRIES = 3
 
 
 class WorkerFailed(RuntimeError):
     """A replica's exit failed the job; the message names it and quotes the end of its log."""
+
+
+class PortTaken(WorkerFailed):
+    """A replica could not bind the port its TF_CONFIG gave it: start the job again, on other ports."""
 
 
 @dataclasses.dataclass
@@ -61,6 +65,7 @@ class Worker:
     task_type: str = WORKER
     command: tuple[list[str], dict[str, str]] | None = None  # argv and env, to start it again
     restarts: int = 0
+    log_start: int = 0  # where this start's output begins in the log file (restarts append to it)
 
     @property
     def name(self) -> str:
@@ -72,47 +77,60 @@ class Worker:
         except OSError:
             return "(no log)"
 
+    def log_of_this_start(self) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self.log_start)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def lost_its_port(self) -> bool:
+        return PORT_TAKEN in self.log_of_this_start()
+
     def restart(self) -> None:
         """The same process again, logging on to the same file (a pod restarted in place)."""
         if self.command is None:
             raise ValueError(f"{self.name}: started without its command")
         argv, env = self.command
         self.restarts += 1
-        self.process = _spawn(argv, env, self.log_path)
+        self.process, self.log_start = _spawn(argv, env, self.log_path)
 
 
-def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen, int]:
+    """The process, and where its output starts in the log."""
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        start = log_file.tell()
+        return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT), start
 
 
-def _environment(tf_config: str | None) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key != TF_CONFIG}
-    if tf_config is not None:
-        env[TF_CONFIG] = tf_config
-    return {**env, "PYTHONUNBUFFERED": "1"}
+def _environment(task_env: dict[str, str]) -> dict[str, str]:
+    """This process's environment and the task's, without a cluster description of its own."""
+    env = {key: value for key, value in os.environ.items() if key not in CLUSTER_ENV}
+    return {**env, **task_env, "PYTHONUNBUFFERED": "1"}
 
 
 def start_replicas(argv: Sequence[str], replicas: int, log_dir: Path, distributed: bool,
                    parameter_servers: int = 0) -> list[Worker]:
     """`replicas` copies of `argv`, logging to DIR/worker-<i>.log (appended to, across restarts).
 
-    Distributed replicas get a TF_CONFIG naming all of them on free ports; the others get none.
-    With `parameter_servers`, the replicas are the workers beside a chief and that many ps tasks
-    (DIR/chief-0.log, DIR/ps-<i>.log), the chief first.
+    Distributed replicas get a TrainJob pod's environment naming all of them (local_tasks); the others
+    get none. With `parameter_servers`, the replicas are the workers beside a chief and that many ps
+    tasks (DIR/chief-0.log, DIR/ps-<i>.log), the chief first.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
-    if parameter_servers:
-        tasks = local_parameter_server_tasks(replicas, parameter_servers)
+    if distributed:
+        tasks = local_tasks(replicas, parameter_servers)
     else:
-        configs = local_tf_configs(replicas) if distributed else [None] * replicas
-        tasks = [LocalTask(WORKER, index, tf_config) for index, tf_config in enumerate(configs)]
+        tasks = [LocalTask(WORKER, index, {}) for index in range(replicas)]
     workers = []
     for task in tasks:
-        env = _environment(task.tf_config)
+        env = _environment(task.env)
         log_path = log_dir / f"{task.task_type}-{task.index}.log"
-        workers.append(Worker(task.index, _spawn(list(argv), env, log_path), log_path, task.task_type,
-                              (list(argv), env)))
+        process, log_start = _spawn(list(argv), env, log_path)
+        workers.append(Worker(task.index, process, log_path, task.task_type, (list(argv), env),
+                              log_start=log_start))
     return workers
 
 
@@ -186,7 +204,7 @@ def wait_for_workers(workers: Sequence[Worker]) -> None:
                       f"{WORKER_RESTARTS})", flush=True)
             failed = first_failure(workers)
             if failed is not None:
-                raise WorkerFailed(describe_failure(failed))
+                raise (PortTaken if failed.lost_its_port else WorkerFailed)(describe_failure(failed))
             time.sleep(POLL_SECONDS)
     finally:
         stop_workers(workers)
@@ -222,14 +240,20 @@ class Throttle:
 
 def run_workers(train_args: Sequence[str], num_workers: int, log_dir: Path,
                 parameter_servers: int = 0, slow_worker_percent: int = 0) -> None:
-    """Runs the job to its end; with `slow_worker_percent`, the last worker runs that much slower."""
-    workers = start_workers(train_args, num_workers, log_dir, parameter_servers)
-    if not slow_worker_percent:
-        wait_for_workers(workers)
-        return
-    slowed = [worker for worker in workers if worker.task_type == WORKER][-1]
-    with Throttle(slowed.process, slow_worker_percent):
-        wait_for_workers(workers)
+    """Runs the job to its end, started again on other ports when one was taken (PORT_RETRIES times);
+    with `slow_worker_percent`, the last worker runs that much slower."""
+    for attempt in range(PORT_RETRIES + 1):
+        workers = start_workers(train_args, num_workers, log_dir, parameter_servers)
+        slowed = [worker for worker in workers if worker.task_type == WORKER][-1]
+        try:
+            with Throttle(slowed.process, slow_worker_percent) if slow_worker_percent else nullcontext():
+                wait_for_workers(workers)
+            return
+        except PortTaken:
+            if attempt == PORT_RETRIES:
+                raise
+            print("launch: a port of the job was taken before its task bound it; starting the job again "
+                  "on other ports", flush=True)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -1,5 +1,7 @@
 """Asynchronous parameter-server training: the strategy, its input and its servers.
 
+    python -m trainer.parameter_server    # a parameter server (or worker) of the cluster in its environment
+
 A cluster whose TF_CONFIG has `ps` tasks trains with tf.distribute.ParameterServerStrategy: the
 chief is the coordinator (tf-keras `model.fit` creates a ClusterCoordinator under it) and runs this
 module's strategy; workers and parameter servers run only a tf.distribute.Server and never exit by
@@ -12,31 +14,26 @@ tolerance, https://www.tensorflow.org/api_docs/python/tf/distribute/coordinator/
 
 from __future__ import annotations
 
-from typing import NoReturn
+import os
+from typing import NoReturn, Sequence
 
 import tensorflow as tf
 import tf_keras as keras
 
+from common import cli
 from trainer import data
-from trainer.cluster import ClusterSpec
+from trainer.cluster import RPC_LAYER, ClusterConfigError, ClusterSpec, cluster_from_environment
 from trainer.fashion_mnist import Split
 
 # A variable is split across parameter servers only if each shard keeps at least this many bytes:
 # the small CNNs' kernels (a few hundred KiB at most) go whole to one server each, round robin.
 MIN_SHARD_BYTES = 64 << 10
-RPC_LAYER = "grpc"  # what TFJob's TF_CONFIG implies: it names no rpc_layer
-
-
-def cluster_resolver() -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
-    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
 def serve_forever(cluster: ClusterSpec) -> NoReturn:
     """A worker or parameter server: host this task's TensorFlow server until the process is stopped."""
-    resolver = cluster_resolver()
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type,
-                                  task_index=cluster.task_index,
-                                  protocol=resolver.rpc_layer or RPC_LAYER, start=True)
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster.cluster), job_name=cluster.task_type,
+                                  task_index=cluster.task_index, protocol=RPC_LAYER, start=True)
     server.join()
     raise AssertionError("tf.distribute.Server.join returned")  # it blocks for the server's lifetime
 
@@ -49,10 +46,11 @@ def variable_partitioner(num_ps: int) -> tf.distribute.experimental.partitioners
         min_shard_bytes=MIN_SHARD_BYTES, max_shards=num_ps)
 
 
-def strategy(cluster: ClusterSpec) -> tf.distribute.ParameterServerStrategy:
-    """The coordinator's strategy; it connects to every worker and parameter server of TF_CONFIG."""
+def strategy(cluster: ClusterSpec, resolver: tf.distribute.cluster_resolver.ClusterResolver,
+             ) -> tf.distribute.ParameterServerStrategy:
+    """The coordinator's strategy; it connects to every worker and parameter server of the cluster."""
     return tf.distribute.ParameterServerStrategy(
-        cluster_resolver(), variable_partitioner=variable_partitioner(cluster.num_parameter_servers))
+        resolver, variable_partitioner=variable_partitioner(cluster.num_parameter_servers))
 
 
 def worker_seed() -> tf.Tensor:
@@ -68,3 +66,19 @@ def training_input(split: Split, batch_size: int) -> keras.utils.experimental.Da
         return data.training_dataset(split, batch_size, shuffle_seed=worker_seed())
 
     return keras.utils.experimental.DatasetCreator(dataset_fn)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The `ps` pods of our training runtime: they need no trainer flags, only their cluster."""
+    cli.OneLineParser(prog="parameter_server", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    cluster = cluster_from_environment(os.environ)
+    train_instead = "run python -m trainer.train"
+    if not cluster.uses_parameter_servers:
+        raise ClusterConfigError(f"this process's cluster has no parameter servers: {train_instead}")
+    if cluster.is_chief:
+        raise ClusterConfigError(f"this process is its cluster's chief, which trains: {train_instead}")
+    serve_forever(cluster)
+
+
+if __name__ == "__main__":
+    cli.run("parameter_server", main, expected=(ClusterConfigError,))

@@ -4,8 +4,9 @@
         --export-dir EXPORT [--epochs N] [--batch-size-per-replica B] [--steps-per-epoch S] \\
         [--learning-rate LR]
 
-The cluster comes from TF_CONFIG, as TFJob sets it in every pod; without it this is one local
-worker. Synchronous (worker tasks only, MultiWorkerMirroredStrategy): every worker runs the same code
+The cluster comes from TF_CONFIG, as TFJob sets it in every pod, or from what a TrainJob's pod
+knows (trainer.cluster builds TF_CONFIG from it); without either this is one local worker.
+Synchronous (worker tasks only, MultiWorkerMirroredStrategy): every worker runs the same code
 and the same number of steps; only the chief writes the export. With `ps` tasks
 (ParameterServerStrategy, trainer.parameter_server): workers and parameter servers only serve, and
 the chief coordinates the steps and writes the export. BackupAndRestore under CKPT lets restarted
@@ -30,7 +31,7 @@ import tf_keras as keras
 from common import cli
 from trainer import data, export, models, parameter_server
 from trainer.atomic import staged_directory
-from trainer.cluster import LOCAL, TF_CONFIG, ClusterConfigError, ClusterSpec, parse_tf_config
+from trainer.cluster import LOCAL, RPC_LAYER, ClusterConfigError, ClusterSpec, cluster_from_environment
 from trainer.fashion_mnist import DatasetError, Split, load_split
 
 DEFAULT_BATCH_SIZE_PER_REPLICA = 32
@@ -122,6 +123,14 @@ class ProgressLogger(keras.callbacks.Callback):
         return self.examples_per_epoch * len(timed) / sum(timed) if timed else 0.0
 
 
+def cluster_resolver(cluster: ClusterSpec) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
+    """TensorFlow's view of `cluster`: what TFConfigClusterResolver would read from TF_CONFIG, which a
+    TrainJob's pods do not have in their environment (trainer.cluster builds it)."""
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.cluster), task_type=cluster.task_type, task_id=cluster.task_index,
+        rpc_layer=RPC_LAYER)
+
+
 def distribution_strategy(cluster: ClusterSpec) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy for a cluster from TF_CONFIG, ParameterServerStrategy for one with
     parameter servers. A lone local worker takes the default strategy: there all-reduce has nothing
@@ -129,8 +138,8 @@ def distribution_strategy(cluster: ClusterSpec) -> tf.distribute.Strategy:
     if cluster is LOCAL:
         return tf.distribute.get_strategy()
     if cluster.uses_parameter_servers:
-        return parameter_server.strategy(cluster)
-    return tf.distribute.MultiWorkerMirroredStrategy()
+        return parameter_server.strategy(cluster, cluster_resolver(cluster))
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(cluster))
 
 
 class SmoothedSparseCrossentropy(keras.losses.Loss):
@@ -278,7 +287,7 @@ def claim_checkpoint_dir(checkpoint_dir: Path, model: str, cluster: ClusterSpec)
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
-    cluster = parse_tf_config(os.environ.get(TF_CONFIG))
+    cluster = cluster_from_environment(os.environ)
     if cluster.uses_parameter_servers and not cluster.is_chief:
         parameter_server.serve_forever(cluster)
     claim_checkpoint_dir(config.checkpoint_dir, config.model, cluster)

@@ -43,7 +43,10 @@ class Storage:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingPlacement:
-    """Where TFJob pods run: a node pool's labels and taints, and its GPUs per pod."""
+    """Where training pods run: a node pool's name, labels and taints, its GPUs per pod, and what it
+    holds for training ({resource: quantity}, Kueue's quota)."""
+    pool: str
+    quota: dict[str, str]
     tolerations: tuple[dict, ...] = ()
     node_selector: dict = dataclasses.field(default_factory=dict)
     gpus: int = 0
@@ -76,8 +79,9 @@ class ClusterKind(abc.ABC):
         """The GatewayClass and listener port of the model's Gateway on this cluster, what must exist
         before it, and how a user reaches it."""
 
+    @abc.abstractmethod
     def training_placement(self) -> TrainingPlacement:
-        return TrainingPlacement()
+        """Where training pods run, and what that pool holds for them."""
 
     def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
         """Stack outputs of this kind beyond the ones every stack has."""

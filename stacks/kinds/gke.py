@@ -1,35 +1,50 @@
-"""GKE: node pools (training on its own pool), images in Artifact Registry by digest, and a GCS
-bucket mounted with GCS FUSE, reached through Workload Identity. Its stack config is GkeStack: the
-`cluster` section (GkeConfig, with its node pools), the `storage` section (GcsConfig, the bucket) and
-the Google provider's `gcp:project` and `gcp:region`."""
+"""GKE: node pools (training on its own pool) in a VPC network of the stack's own, images in Artifact
+Registry by digest, a GCS bucket mounted with GCS FUSE, reached through Workload Identity, and the
+model's endpoint, internal unless the stack asks for a public one. Its stack config is GkeStack: the
+`cluster` section (GkeConfig, with its node pools and endpoint), the `storage` section (GcsConfig,
+the bucket) and the Google provider's `gcp:project` and `gcp:region`."""
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from typing import Annotated, Any, ClassVar, Literal, Mapping, get_args
 
 import pulumi
 import pulumi_kubernetes as k8s
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from cluster_steps.names import GATEWAY_NAME
+from cluster_steps.names import GATEWAY_NAME, canary_name, predictor_deployment_name
 from infra.gateway import GatewayPlacement
 from infra.gcp_apis import GcpApis, GcpApisArgs
 from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import (
-    GATEWAY_CLASS,
-    GATEWAY_LISTENER_PORT,
     GkeCluster,
     GkeClusterArgs,
     NodePoolArgs,
+    allocatable,
+    machine_size,
     node_selector,
     toleration,
 )
+from infra.gke_endpoint import (
+    BACKEND_POLICY_CRD,
+    CERTMAP_ANNOTATION,
+    HTTP_PORT,
+    HTTPS_PORT,
+    INTERNAL_GATEWAY_CLASS,
+    NAMED_ADDRESS,
+    PUBLIC_GATEWAY_CLASS,
+    backend_policy,
+)
+from infra.gke_public_endpoint import PublicEndpoint, PublicEndpointArgs
+from infra.network import GkeNetwork, GkeNetworkArgs, region_of
 from infra.registry import RegistryImages, RegistryImagesArgs
 from pipeline.config import Autoscaling, ScalingMetric
+from pipeline.manifests import GPU_RESOURCE, PART_OF
 from pipeline.validation import Section, Text, WholeNumber, fail, matching
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
-from stacks.settings import PROJECT, Flag, MonitoringConfig, StackServing, StackSettings
+from stacks.settings import PROJECT, Flag, MonitoringConfig, StackServing, StackSettings, TrainingQuota
 
 # Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
 GCP_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
@@ -47,6 +62,26 @@ GkeClusterName = matching(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$",
                           "a GKE cluster name: 1-24 of a-z, 0-9 and -, a letter first")
 GcsBucket = matching(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$", "a bucket name (3-63 of a-z, 0-9, - and _)")
 KubernetesVersion = matching(r"^1\.[0-9]+$", "a version like 1.33")
+# A fully qualified DNS name of at least two labels, lowercase, no wildcard (one certificate, one host).
+DOMAIN_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+DomainName = Annotated[matching(rf"^({DOMAIN_LABEL}\.)+[a-z]([-a-z0-9]{{0,61}}[a-z0-9])?$",
+                                "a domain name like models.example.com"), Field(max_length=253)]
+IPV4_RANGE_RULE = "an IPv4 range like 203.0.113.0/24"
+
+
+def _client_range(text: str) -> str:
+    """A range of clients to let in: a network (no host bits set), and not the whole internet."""
+    try:
+        network = ipaddress.IPv4Network(text)
+    except ValueError as error:
+        raise fail(f"must be {IPV4_RANGE_RULE}, got {text!r} ({error})") from None
+    if network.prefixlen == 0:
+        raise fail(f"{text} lets everyone in: name the ranges your clients call from")
+    return text
+
+
+Ipv4Range = Annotated[matching(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}$", IPV4_RANGE_RULE),
+                      AfterValidator(_client_range)]
 ReleaseChannel = Literal["RAPID", "REGULAR", "STABLE"]
 RELEASE_CHANNELS = get_args(ReleaseChannel)
 TrainingPool = Literal["cpu", "spot", "gpu"]
@@ -130,6 +165,34 @@ class NodePools(Section):
     gpu: GpuPool = Field(GpuPool(), description="optional GPU pool for training")
 
 
+class EndpointConfig(Section):
+    """Who reaches the model: by default only the cluster's VPC network, through an internal load
+    balancer; public: true puts it on the internet, over HTTPS only and behind an allowlist."""
+    public: Flag = Field(
+        False, description="false: an internal load balancer, reached from the cluster's VPC network in "
+                           "its region; true: a global external one, HTTPS for `domain`, from "
+                           "`allowedSourceRanges` only")
+    domain: DomainName | None = Field(
+        None, description="public only, required: the name users call, with a Google-managed certificate")
+    allowed_source_ranges: tuple[Ipv4Range, ...] = Field(
+        (), description="public only, required: the client ranges Cloud Armor lets in; it denies the rest")
+
+    @model_validator(mode="after")
+    def _public_needs_https_and_an_allowlist(self) -> EndpointConfig:
+        if not self.public:
+            for key, value in (("domain", self.domain), ("allowedSourceRanges", self.allowed_source_ranges)):
+                if value:
+                    raise fail("applies only to a public endpoint (public: true)", key)
+            return self
+        if self.domain is None:
+            raise fail("is required with public: true: the endpoint serves HTTPS only, with a Google-managed "
+                       "certificate for this name", "domain")
+        if not self.allowed_source_ranges:
+            raise fail("is required with public: true: the ranges your clients call from; everyone else is "
+                       "denied", "allowedSourceRanges")
+        return self
+
+
 class GkeConfig(Section):
     """The `cluster` section of a GKE cluster."""
     kind: Literal["gke"] = Field(description="the stack's cluster")
@@ -145,8 +208,14 @@ class GkeConfig(Section):
         NodePools(), description="the cpu pool, and the optional spot and gpu pools")
     requested_training_pool: TrainingPool | None = Field(
         None, alias="trainingPool",
-        description="where TFJob pods run, an enabled pool; default: gpu if enabled, else spot if enabled, "
-                    "else cpu")
+        description="where training pods run, an enabled pool; default: gpu if enabled, else spot if "
+                    "enabled, else cpu")
+    training_quota: TrainingQuota | None = Field(
+        None, description="what the training pool holds for training, Kueue's quota (pipeline.engine "
+                          "trainjob); default: maxNodes times a node's allocatable CPU and memory")
+    endpoint: EndpointConfig = Field(
+        EndpointConfig(), description="who reaches the model: the VPC network (default) or, over HTTPS, the "
+                                      "internet's allowed ranges")
 
     @property
     def cpu_pool(self) -> NodePoolConfig:
@@ -165,9 +234,23 @@ class GkeConfig(Section):
 
     @property
     def training_pool(self) -> str:
-        """The pool of TFJob pods: the one named, else the most specialised capacity the stack pays for."""
+        """The pool of training pods: the one named, else the most specialised capacity the stack pays for."""
         return self.requested_training_pool or next(
             name for name in reversed(TRAINING_POOLS) if self.pool(name) is not None)
+
+    def training_quota_of_pool(self) -> dict[str, str]:
+        """Kueue's quota: trainingQuota, else what the training pool's nodes hold at its most (maxNodes
+        times a node's allocatable, GKE's rule), and all of its GPUs."""
+        pool = self.pool(self.training_pool)
+        if self.training_quota is not None:
+            quota = self.training_quota.as_quota()
+        else:
+            cpus, memory_gib = allocatable(*machine_size(pool.machine_type))
+            quota = {"cpu": f"{int(cpus * pool.max_nodes * 1000)}m",
+                     "memory": f"{int(memory_gib * pool.max_nodes * 1024)}Mi"}
+        if pool.ACCELERATED:
+            quota[GPU_RESOURCE] = str(pool.accelerator_count * pool.max_nodes)
+        return quota
 
     @model_validator(mode="after")
     def _training_pool_exists(self) -> GkeConfig:
@@ -175,6 +258,10 @@ class GkeConfig(Section):
         if name is not None and self.pool(name) is None:
             raise fail(f"{name} needs cluster.nodePools.{name}.enabled: true; enable that pool or choose one "
                        "that exists", "trainingPool")
+        machine_type = self.pool(self.training_pool).machine_type
+        if self.training_quota is None and machine_size(machine_type) is None:
+            raise fail(f"is needed for the {self.training_pool} pool's machine type {machine_type}, whose "
+                       "size this stack does not know: give {cpu, memory} for training", "trainingQuota")
         return self
 
 
@@ -219,6 +306,10 @@ class GkeStack(StackSettings):
     monitoring: GkeMonitoring = Field(GkeMonitoring(), description="Prometheus, Grafana and the dashboard")
     serving: GkeServing = Field(GkeServing(), description="as in the pipeline's config file")
 
+    def training_quota(self) -> tuple[dict[str, str], int]:
+        pool = self.cluster.pool(self.cluster.training_pool)
+        return self.cluster.training_quota_of_pool(), pool.accelerator_count if pool.ACCELERATED else 0
+
     def kind_sections(self) -> tuple[GkeConfig, GcsConfig, GcpConfig]:
         """cluster.location and storage.bucketName default from gcp:region and gcp:project."""
         gcp = GcpConfig(project=self.gcp_project, region=self.gcp_region)
@@ -242,6 +333,7 @@ class GkeStack(StackSettings):
 # --- The kind ---------------------------------------------------------------------------------------
 
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
+PROBE_IMAGE = "curlimages/curl:8.11.1"  # a pod in the cluster, hence in its VPC network, that calls the model
 
 
 def node_pool(pool: NodePoolConfig, spot: bool = False) -> NodePoolArgs:
@@ -270,10 +362,14 @@ class GkeKind(ClusterKind):
         # Before the cluster: its nodes are granted reading the repository before they start.
         self._registry = RegistryImages("images", RegistryImagesArgs(project=gcp.project, region=gcp.region),
                                         opts=self._after_apis())
+        self._network = GkeNetwork("network", GkeNetworkArgs(
+            project=gcp.project, name=config.name, region=region_of(config.location),
+            proxy_only_subnet=not config.endpoint.public), opts=self._after_apis())
         self._cluster = GkeCluster("cluster", GkeClusterArgs(
             project=gcp.project, name=config.name, location=config.location,
             release_channel=config.release_channel, deletion_protection=config.deletion_protection,
-            node_pools=self._pools, image_repository=self._registry.repository), opts=self._after_apis())
+            node_pools=self._pools, image_repository=self._registry.repository, network=self._network),
+            opts=self._after_apis())
         return Cluster(provider=self._cluster.provider, kubeconfig=self._cluster.kubeconfig)
 
     def images(self, cluster: Cluster) -> ImageSource:
@@ -298,16 +394,56 @@ class GkeKind(ClusterKind):
         # Training pods go to the training pool only; nothing else tolerates the spot and gpu taints.
         name = self.config.cluster.training_pool
         pool = self._pools[name]
-        return TrainingPlacement(tolerations=tuple(toleration(taint) for taint in pool.taints),
+        return TrainingPlacement(pool=name, quota=self.config.cluster.training_quota_of_pool(),
+                                 tolerations=tuple(toleration(taint) for taint in pool.taints),
                                  node_selector=node_selector(name), gpus=pool.gpus)
 
     def gateway(self, cluster: Cluster) -> GatewayPlacement:
-        # GKE gives the Gateway a load balancer's address once it has programmed it (minutes).
-        address = (f"kubectl -n {self.config.namespace} get gateway {GATEWAY_NAME} "
-                   "-o jsonpath='{.status.addresses[0].value}'")
-        return GatewayPlacement(GATEWAY_CLASS, GATEWAY_LISTENER_PORT, url="http://<inferenceAddress>",
-                                address_hint=address)
+        endpoint = self.config.cluster.endpoint
+        self._public = self._public_endpoint() if endpoint.public else None
+        if self._public is None:
+            # GKE gives the Gateway the internal load balancer's address, in the stack's network, once
+            # it has programmed it (minutes); its proxies run in the proxy-only subnet.
+            return GatewayPlacement(INTERNAL_GATEWAY_CLASS, HTTP_PORT, ready=[self._network.proxy_only],
+                                    url="http://<inferenceAddress>", address_hint=self._address_command())
+        public = self._public
+        namespace, model = self.config.namespace, self.config.pipeline.model_name
+        # Every predictor Service the route may send requests to, the canary's too, behind the allowlist.
+        policies = tuple(backend_policy(namespace, predictor_deployment_name(name),
+                                        public.security_policy_name, PART_OF)
+                         for name in (model, canary_name(model)))
+        return GatewayPlacement(
+            PUBLIC_GATEWAY_CLASS, HTTPS_PORT, ready=public.ready, url=f"https://{endpoint.domain}",
+            https=True, redirect_port=HTTP_PORT,
+            annotations={CERTMAP_ANNOTATION: public.certificate_map_name},
+            addresses=({"type": NAMED_ADDRESS, "value": public.address_name},), policies=policies,
+            crds=(BACKEND_POLICY_CRD,))
+
+    def _public_endpoint(self) -> PublicEndpoint:
+        config, gcp = self.config.cluster, self.config.cloud
+        return PublicEndpoint("endpoint", PublicEndpointArgs(
+            project=gcp.project, name=f"{config.name}-model", domain=config.endpoint.domain,
+            allowed_source_ranges=config.endpoint.allowed_source_ranges), opts=self._after_apis())
+
+    def _address_command(self) -> str:
+        return (f"kubectl -n {self.config.namespace} get gateway {GATEWAY_NAME} "
+                "-o jsonpath='{.status.addresses[0].value}'")
 
     def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
         return {"images": pulumi.Output.from_input(images.images).apply(
-            lambda built: {"trainer": built.trainer, "serving": built.serving})}
+                    lambda built: {"trainer": built.trainer, "serving": built.serving}),
+                **self._endpoint_outputs()}
+
+    def _endpoint_outputs(self) -> dict[str, pulumi.Input]:
+        """Who reaches the model, and how: inside the VPC network (a pod of the cluster is there), or
+        at the public address once the DNS records are published."""
+        if self._public is not None:
+            return {"publicAddress": self._public.address, "dnsRecords": self._public.dns_records}
+        namespace, model, config = self.config.namespace, self.config.pipeline.model_name, self.config.cluster
+        return {
+            "inferenceNetwork": f"VPC network {config.name}, region {region_of(config.location)}: an "
+                                "internal load balancer, which clients in that network and region reach",
+            "inferenceFromInside": f"kubectl -n {namespace} run model-probe --rm -i --restart=Never "
+                                   f"--image={PROBE_IMAGE} -- curl -sS "
+                                   f"http://$({self._address_command()})/v1/models/{model}",
+        }

@@ -23,12 +23,18 @@ from infra.k3d import (
 )
 from infra.storage import PvcStorage, PvcStorageArgs
 from pipeline.validation import DnsLabel, Quantity, Section, Text, WholeNumber, fail, matching
-from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage
-from stacks.settings import StackSettings
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+from stacks.settings import StackSettings, TrainingQuota
 
 K3S_IMAGE = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
 Port = Annotated[WholeNumber, Field(ge=1, le=65535)]
 K3sImage = matching(K3S_IMAGE, "a rancher/k3s image like rancher/k3s:v1.33.4-k3s1")
+OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+Ipv4Address = matching(rf"^{OCTET}(\.{OCTET}){{3}}$", "an IPv4 address like 127.0.0.1")
+# Docker publishes a port on this address of the host: loopback keeps the model to this machine;
+# 0.0.0.0 (every interface) would publish it to whoever reaches the machine's network.
+LOOPBACK = "127.0.0.1"
+EVERY_INTERFACE = "0.0.0.0"
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany"]
 ACCESS_MODES = get_args(AccessMode)
 
@@ -37,6 +43,9 @@ ACCESS_MODES = get_args(AccessMode)
 
 class PortMapping(Section):
     host: Port = Field(description="port on this machine")
+    host_address: Ipv4Address = Field(
+        LOOPBACK, description="address of this machine the port binds to; 0.0.0.0: every interface, "
+                              "reachable from the network")
     container: Port = Field(description="port of k3d's load balancer (k3s's Traefik ingress: 80)")
 
 
@@ -52,6 +61,11 @@ class K3dConfig(Section):
         "rancher/k3s:v1.33.4-k3s1", alias="k3sImage", description="k3s image; sets the Kubernetes version")
     ports: tuple[PortMapping, ...] = Field((PortMapping(host=8088, container=80),),
                                            description="host port -> k3d load balancer port")
+    # Two training steps of Pulumi.local.yaml at a time (2 x 2 workers x 500m CPU, 1Gi) beside serving
+    # and the platform, in a 4-CPU, 8-GiB Docker VM (tests/test_cluster_contracts.py checks the sum).
+    training_quota: TrainingQuota = Field(
+        TrainingQuota(cpu="2", memory="4Gi"),
+        description="what the cluster holds for training, Kueue's quota (pipeline.engine trainjob)")
 
     @property
     def kubernetes_version(self) -> str:
@@ -71,6 +85,9 @@ class K3dStack(StackSettings):
     cluster: K3dConfig = Field(description="the k3d cluster")
     storage: StorageConfig = Field(StorageConfig(), description="the PVC every pipeline pod mounts")
 
+    def training_quota(self) -> tuple[dict[str, str], int]:
+        return self.cluster.training_quota.as_quota(), 0
+
     @model_validator(mode="after")
     def _one_node_or_shared_storage(self) -> K3dStack:
         if self.cluster.agents > 0 and self.storage.access_mode != "ReadWriteMany":
@@ -85,6 +102,11 @@ class K3dStack(StackSettings):
 FORWARDED_PORT = 8080  # where a port-forward to Traefik listens when no cluster.ports maps to it
 
 
+def host_name(address: str) -> str:
+    """How a user on this machine names a host address in a URL."""
+    return "localhost" if address in (LOOPBACK, EVERY_INTERFACE) else address
+
+
 class K3dKind(ClusterKind):
     settings = K3dStack
 
@@ -92,7 +114,7 @@ class K3dKind(ClusterKind):
         config = self.config.cluster
         self._cluster = K3dCluster("cluster", K3dClusterArgs(
             name=config.name, servers=config.servers, agents=config.agents, k3s_image=config.k3s_image,
-            ports=tuple((port.host, port.container) for port in config.ports)))
+            ports=tuple((port.host_address, port.host, port.container) for port in config.ports)))
         return Cluster(provider=self._cluster.provider, kubeconfig=self._cluster.kubeconfig)
 
     def images(self, cluster: Cluster) -> ImageSource:
@@ -109,14 +131,16 @@ class K3dKind(ClusterKind):
             storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace]))
         return Storage(storage=storage.storage, ready=[storage])
 
+    def training_placement(self) -> TrainingPlacement:
+        return TrainingPlacement(pool="k3d", quota=self.config.cluster.training_quota.as_quota())
+
     def gateway(self, cluster: Cluster) -> GatewayPlacement:
         traefik = traefik_gateway_provider("traefik-gateway-provider", cluster.provider,
                                            pulumi.ResourceOptions(depends_on=[self._cluster]))
-        host_ports = [port.host for port in self.config.cluster.ports
-                      if port.container == TRAEFIK_WEB_SERVICE_PORT]
-        if host_ports:  # k3d's load balancer forwards that host port to Traefik's web entry point
+        mapped = [port for port in self.config.cluster.ports if port.container == TRAEFIK_WEB_SERVICE_PORT]
+        if mapped:  # k3d's load balancer forwards that host port to Traefik's web entry point
             return GatewayPlacement(TRAEFIK_GATEWAY_CLASS, TRAEFIK_WEB_PORT, [traefik],
-                                    url=f"http://localhost:{host_ports[0]}")
+                                    url=f"http://{host_name(mapped[0].host_address)}:{mapped[0].host}")
         return GatewayPlacement(
             TRAEFIK_GATEWAY_CLASS, TRAEFIK_WEB_PORT, [traefik], url=f"http://localhost:{FORWARDED_PORT}",
             address_hint=f"kubectl -n {TRAEFIK_NAMESPACE} port-forward service/traefik "

@@ -1,0 +1,70 @@
+"""The GKE cluster's own VPC network, declared rather than the project's `default` one: a subnet for
+the nodes with secondary ranges for pods and Services (a VPC-native cluster, which GKE's Gateway
+controller requires), and, for an internal Gateway, the proxy-only subnet its load balancer runs in.
+
+Why not `default`: a project may have none (an organization policy skips it), its firewall rules let
+SSH and RDP in from anywhere, and the proxy-only subnet is one per region per network, which another
+team's load balancer in `default` may already hold. In a network of its own the stack owns all three.
+
+GKE's docs: "Gateway API is supported on VPC-native clusters only"; "if you are using the regional or
+cross-region GatewayClasses, you must enable a proxy-only subnet" (kubernetes-engine/docs/how-to/
+deploying-gateways and configure-gateway-resources). The proxy-only subnet is purpose
+REGIONAL_MANAGED_PROXY, role ACTIVE, at least a /26, in the load balancer's region and network
+(load-balancing/docs/proxy-only-subnets). GKE creates the firewall rules its cluster, its Gateways
+and their health checks need (kubernetes-engine/docs/concepts/firewall-rules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pulumi
+import pulumi_gcp as gcp
+
+# The network's ranges, disjoint; change them here if they overlap a network this one is peered with.
+NODES_RANGE = "10.0.0.0/20"  # 4,096 node addresses
+PODS_RANGE = "10.4.0.0/14"  # GKE's default size: up to 1,024 nodes of 110 pods
+SERVICES_RANGE = "10.8.0.0/20"
+PROXY_ONLY_RANGE = "10.9.0.0/23"  # Google recommends a /23; /26 is the least it takes
+PODS_RANGE_NAME, SERVICES_RANGE_NAME = "pods", "services"
+PROXY_ONLY_PURPOSE, PROXY_ONLY_ROLE = "REGIONAL_MANAGED_PROXY", "ACTIVE"
+NETWORK_RANGES = (NODES_RANGE, PODS_RANGE, SERVICES_RANGE, PROXY_ONLY_RANGE)
+
+
+def region_of(location: str) -> str:
+    """The region of a GKE location: a region (us-central1) or a zone (us-central1-a)."""
+    parts = location.split("-")
+    return "-".join(parts[:2])
+
+
+@dataclasses.dataclass(frozen=True)
+class GkeNetworkArgs:
+    project: str
+    name: str  # the network's; its subnets are <name>-nodes and <name>-proxy-only
+    region: str  # the cluster's
+    proxy_only_subnet: bool  # an internal (regional) Gateway's load balancer needs one
+
+
+class GkeNetwork(pulumi.ComponentResource):
+    network: gcp.compute.Network
+    nodes: gcp.compute.Subnetwork
+    proxy_only: gcp.compute.Subnetwork | None
+
+    def __init__(self, name: str, args: GkeNetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("dist-ml:infra:GkeNetwork", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.network = gcp.compute.Network(
+            f"{name}-network", project=args.project, name=args.name,
+            auto_create_subnetworks=False, routing_mode="REGIONAL", opts=child)
+        self.nodes = gcp.compute.Subnetwork(
+            f"{name}-nodes", project=args.project, name=f"{args.name}-nodes", region=args.region,
+            network=self.network.id, ip_cidr_range=NODES_RANGE,
+            secondary_ip_ranges=[{"range_name": PODS_RANGE_NAME, "ip_cidr_range": PODS_RANGE},
+                                 {"range_name": SERVICES_RANGE_NAME, "ip_cidr_range": SERVICES_RANGE}],
+            # Nodes reach Google's APIs (Artifact Registry, GCS) on internal routes.
+            private_ip_google_access=True, opts=child)
+        self.proxy_only = gcp.compute.Subnetwork(
+            f"{name}-proxy-only", project=args.project, name=f"{args.name}-proxy-only", region=args.region,
+            network=self.network.id, ip_cidr_range=PROXY_ONLY_RANGE, purpose=PROXY_ONLY_PURPOSE,
+            role=PROXY_ONLY_ROLE, opts=child) if args.proxy_only_subnet else None
+        self.register_outputs({"network": self.network.name, "nodes": self.nodes.name})
