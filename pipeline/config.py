@@ -172,8 +172,8 @@ LOAD_METRICS = ("inflight", "rps")
 # resources: `make bench-capacity`, docs/results/serving-capacity.md. cpu and memory: KServe's default
 # CPU utilization (constants.DefaultCPUUtilization).
 CAPACITY_HEADROOM = 0.7
-# Measured 2026-11-25 at ed37f87 on a loaded machine: 8 in flight (p99 97 ms), 412 requests/s.
-DEFAULT_TARGETS = {"inflight": 5, "rps": 288, "cpu": 80, "memory": 80}
+# Measured 2026-11-25 at ab5f5a5 (load average 3.4 to 5.9): 12 in flight (p99 62 ms), 520 requests/s.
+DEFAULT_TARGETS = {"inflight": 8, "rps": 363, "cpu": 80, "memory": 80}
 DEFAULT_LATENCY_OBJECTIVE_MS = 100.0
 # Kubernetes' own default for an HPA's scale-down stabilization; KServe's chart sets the same.
 DEFAULT_SCALE_DOWN_STABILIZATION = "5m"
