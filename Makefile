@@ -33,7 +33,7 @@ PIPELINE_RUN = $(PY) -m pipeline run --storage-root $(DEMO_DIR) --workers $(WORK
 	$(if $(filter parameter-server,$(STRATEGY)),--parameter-servers $(PARAMETER_SERVERS)) \
 	$(if $(PARALLELISM),--parallelism $(PARALLELISM)) $(if $(ROLLOUT),--rollout $(ROLLOUT)) $(DATA_FLAGS)
 
-.PHONY: demo serve evaluate test test-fast bench bench-train bench-serve bench-variants lock clean
+.PHONY: demo serve evaluate test test-fast bench bench-train bench-serve bench-capacity bench-variants lock clean
 
 # The dev lock, then the project itself, editable: its packages from this checkout, its dependencies
 # from the lock alone (--no-deps; setuptools, which builds it, is in the lock too).
@@ -63,9 +63,12 @@ PYTEST_WORKERS ?= auto
 # The virtualenvs the slow tier runs users' paths in (tools/virtualenvs.py, standard library only) are
 # built in the background, beside the dev install and then the tests: a pip install keeps about one
 # core busy, and a test that needs one of them waits for it.
+# Prometheus, which the autoscaling query's test scrapes the server with, is unpacked from Debian's
+# package (tools/prometheus.py, standard library only) beside them: a few seconds, done before pytest.
 test:
 	$(PYTHON) -m tools.virtualenvs & built=$$!; \
-	$(MAKE) --no-print-directory $(INSTALLED) && $(PY) -m ruff check . && \
+	$(PYTHON) -m tools.prometheus & prometheus=$$!; \
+	$(MAKE) --no-print-directory $(INSTALLED) && $(PY) -m ruff check . && wait $$prometheus && \
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope; tested=$$?; \
 	wait $$built && exit $$tested || exit 1
 
@@ -86,6 +89,14 @@ bench-train: $(INSTALLED)
 
 bench-serve: $(INSTALLED)
 	$(PY) -m benchmarks.serve_throughput
+
+# How many requests in flight one predictor replica (one core) holds with p99 under
+# serving.autoscaling.latencyObjectiveMs, on the model `make demo` published, and the scaling targets
+# that follow (docs/results/serving-capacity.md). CONFIG=FILE for another config's serving keys.
+CONFIG ?=
+bench-capacity: $(INSTALLED)
+	$(PY) -m benchmarks.serve_capacity --model-repo $(DEMO_DIR)/models $(if $(CONFIG),--config $(CONFIG)) \
+		--plot docs/results/serving-capacity.png
 
 # Each variant's accuracy by 5-fold cross-validation on the sample's 500 training images, seeds 1
 # and 2 (tens of minutes on 2 cores): what chose the demo's variants (docs/results/model-quality.md).

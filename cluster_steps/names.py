@@ -6,6 +6,10 @@ packages.
 
 from __future__ import annotations
 
+import re
+
+from serving.metric_names import IN_FLIGHT_METRIC, REQUESTS_METRIC
+
 ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = "kubeflow.org", "v1", "tfjobs"
@@ -31,6 +35,21 @@ DNS_LABEL_LENGTH = 63
 # (jobset v0.12.0 pkg/webhooks/jobset_webhook.go: `<jobset>-<job>-<jobIndex>-<podIndex>-abcde`).
 POD_NAME_SUFFIX = "-abcde"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels the predictor's pods with it
+# The label of a predictor pod's series in Prometheus: the stacks' PodMonitor copies ISVC_LABEL onto
+# them (podTargetLabels) under the name Prometheus Operator gives it (v0.87.1 pkg/prometheus/promcfg.go
+# generatePodMonitorConfig, sanitizeLabelName: every character outside [a-zA-Z0-9_] becomes "_"), beside
+# `namespace` and `pod`.
+ISVC_METRIC_LABEL = re.sub(r"[^a-zA-Z0-9_]", "_", ISVC_LABEL)
+# How far back the load queries look: a minute of scrapes, as Knative's stable window, so that one
+# burst between two KEDA polls (every 30 s) neither adds nor removes replicas on its own.
+LOAD_WINDOW = "1m"
+# The predictor's load, summed over its pods: KEDA divides the total by the replicas (its Prometheus
+# trigger's default metricType, AverageValue), so the target is per replica. {selector} picks one
+# InferenceService's pods, the stable's or the canary's, so that each scales on its own traffic.
+LOAD_QUERIES = {
+    "inflight": f"sum(avg_over_time({IN_FLIGHT_METRIC}{{selector}}[{LOAD_WINDOW}]))",
+    "rps": f"sum(rate({REQUESTS_METRIC}_total{{selector}}[{LOAD_WINDOW}]))",
+}
 MODEL_VERSION_ANNOTATION = "dist-ml/model-version"  # which published version an InferenceService serves
 CANARY_SUFFIX = "-canary"
 # Not `<model>`: KServe's own Gateway API mode (off in the stacks) names its top-level route so.
@@ -95,3 +114,20 @@ def trainjob_name_limit(replicated_jobs: dict[str, int]) -> int:
     with Kubernetes' suffix must stay a DNS label (one Job per replicated job: index 0)."""
     return min(DNS_LABEL_LENGTH - len(f"-{job}-0-{pods - 1}{POD_NAME_SUFFIX}")
                for job, pods in replicated_jobs.items())
+
+
+def isvc_matcher(isvc_name: str) -> str:
+    return f'{ISVC_METRIC_LABEL}="{isvc_name}"'
+
+
+def load_query(metric: str, namespace: str, isvc_name: str) -> str:
+    """The PromQL of one InferenceService's load `metric` (a key of LOAD_QUERIES) in `namespace`."""
+    selector = f'{{namespace="{namespace}",{isvc_matcher(isvc_name)}}}'
+    return LOAD_QUERIES[metric].replace("{selector}", selector)
+
+
+def retargeted_query(query: str, isvc_name: str, new_name: str) -> str | None:
+    """`query` selecting the pods of InferenceService `new_name` instead of `isvc_name`'s; None when it
+    does not select `isvc_name`'s by ISVC_METRIC_LABEL (so it could not follow the renaming)."""
+    old = isvc_matcher(isvc_name)
+    return query.replace(old, isvc_matcher(new_name)) if old in query else None

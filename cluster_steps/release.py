@@ -59,6 +59,7 @@ from cluster_steps.kubernetes import (
 from cluster_steps.names import (
     GATEWAY_NAME,
     ISVC_LABEL,
+    ISVC_METRIC_LABEL,
     MANIFEST_FLAG,
     MODEL_LISTENER,
     MODEL_VERSION_ANNOTATION,
@@ -68,6 +69,7 @@ from cluster_steps.names import (
     ROUTE_VERSION,
     canary_name,
     predictor_deployment_name,
+    retargeted_query,
     route_name,
 )
 from common import cli
@@ -135,11 +137,22 @@ def metrics_port(manifest: dict) -> int:
 
 def renamed(manifest: dict, name: str) -> dict:
     """The same InferenceService under another name: only what a manifest declares, none of the
-    server's bookkeeping (resourceVersion, uid, status)."""
+    server's bookkeeping (resourceVersion, uid, status), its load queries selecting its own pods (the
+    canary scales on the canary's traffic, the stable version on its own)."""
     metadata = manifest["metadata"]
     kept = {key: copy.deepcopy(metadata[key]) for key in ("labels", "annotations") if key in metadata}
+    spec = copy.deepcopy(manifest["spec"])
+    for metric in spec["predictor"].get("autoScaling", {}).get("metrics", []):
+        source = metric.get("external", {}).get("metric", {})
+        if "query" in source:
+            query = retargeted_query(source["query"], metadata["name"], name)
+            if query is None:
+                raise RolloutError(f"InferenceService {metadata['name']}: its autoscaling query does not "
+                                   f"select its own pods ({ISVC_METRIC_LABEL}), so {name} could not scale "
+                                   f"on its own traffic: {source['query']}")
+            source["query"] = query
     return {"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
-            "metadata": {"name": name, **kept}, "spec": copy.deepcopy(manifest["spec"])}
+            "metadata": {"name": name, **kept}, "spec": spec}
 
 
 def http_route(model_name: str, canary_percent: int, labels: Mapping[str, str] | None = None) -> dict:

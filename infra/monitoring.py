@@ -3,7 +3,9 @@ engine (Kueue, which queues the TrainJobs, or the training operator), and a Graf
 system (request rate, latency p50/p99, predictor replicas, the training queue or TFJob outcomes).
 
 Each monitor names a port that exists: our server serves /metrics on its HTTP port, which the
-InferenceService names; the training operator's container port 8080 has no name upstream, its
+InferenceService names; the predictor's monitor covers the stable and the canary InferenceService and
+labels their series with which one (what KEDA's queries select, cluster_steps.names.load_query); the
+training operator's container port 8080 has no name upstream, its
 Service's port does (`monitoring-port`); Kueue's metrics Service names its port `https` and serves
 /metrics to a caller whose token may GET it (kube-prometheus-stack's Prometheus may: its ClusterRole
 grants GET on /metrics), over TLS with Kueue's own certificate (the chart's ServiceMonitor skips its
@@ -19,13 +21,19 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster_steps.names import TRAINJOB_ENGINE
+from cluster_steps.names import ISVC_LABEL, TRAINJOB_ENGINE, canary_name
 from infra.platform import KUEUE_NAMESPACE
 from infra.queue import CLUSTER_QUEUE
 from pipeline.manifests import PART_OF, PREDICTOR_PORT_NAME
 
 NAMESPACE = "monitoring"
+CHART = "kube-prometheus-stack"
 CHART_REPOSITORY = "https://prometheus-community.github.io/helm-charts"
+# Prometheus's Service port (the chart's prometheus.service.port).
+PROMETHEUS_PORT = 9090
+# How often the predictor's pods are scraped: six samples in the minute KEDA's load queries average
+# over (the chart's default interval is 30 s).
+PREDICTOR_SCRAPE_INTERVAL = "10s"
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
 # The training operator's Service (manifests/base/service.yaml of kubeflow/trainer v1.9.x).
 TRAINING_OPERATOR_SERVICE_LABELS = {"app": "training-operator"}
@@ -84,12 +92,27 @@ def dashboard(namespace: str, model_name: str, engine: str) -> dict:
     }
 
 
-def monitor(kind: str, name: str, namespace: str, selector: dict, endpoint: dict) -> dict:
-    """A PodMonitor or ServiceMonitor scraping `endpoint` (its port, path, ...)."""
+def release_name(component: str) -> str:
+    """The Helm release name of the Monitoring component `component`'s chart."""
+    return f"{component}-{CHART}"
+
+
+def prometheus_url(component: str) -> str:
+    """Prometheus's address in the cluster. kube-prometheus-stack 80.4.1 names its Service
+    `<fullname>-prometheus` (templates/prometheus/service.yaml), where fullname, for a release name
+    that contains the chart's name, is the release name cut to 26 characters with a trailing "-"
+    trimmed (templates/_helpers.tpl, kube-prometheus-stack.fullname)."""
+    fullname = release_name(component)[:26].removesuffix("-")
+    return f"http://{fullname}-prometheus.{NAMESPACE}.svc:{PROMETHEUS_PORT}"
+
+
+def monitor(kind: str, name: str, namespace: str, selector: dict, endpoint: dict, **spec: object) -> dict:
+    """A PodMonitor or ServiceMonitor scraping `endpoint` (its port, path, ...) of what `selector`
+    selects; `spec`: more of the monitor's spec."""
     endpoints = "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind,
             "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
-            "spec": {"selector": {"matchLabels": selector}, endpoints: [endpoint]}}
+            "spec": {"selector": selector, endpoints: [endpoint], **spec}}
 
 
 def metrics_on(port: str) -> dict:
@@ -97,14 +120,17 @@ def metrics_on(port: str) -> dict:
 
 
 def monitors(namespace: str, model_name: str, runtime: str, engine: str) -> list[dict]:
-    found = ([monitor("ServiceMonitor", "kueue", KUEUE_NAMESPACE, KUEUE_METRICS_SERVICE_LABELS,
-                      dict(KUEUE_METRICS_ENDPOINT))] if engine == TRAINJOB_ENGINE else
+    found = ([monitor("ServiceMonitor", "kueue", KUEUE_NAMESPACE,
+                      {"matchLabels": KUEUE_METRICS_SERVICE_LABELS}, dict(KUEUE_METRICS_ENDPOINT))]
+             if engine == TRAINJOB_ENGINE else
              [monitor("ServiceMonitor", "training-operator", TRAINING_OPERATOR_NAMESPACE,
-                      TRAINING_OPERATOR_SERVICE_LABELS, metrics_on(TRAINING_OPERATOR_METRICS_PORT))])
+                      {"matchLabels": TRAINING_OPERATOR_SERVICE_LABELS},
+                      metrics_on(TRAINING_OPERATOR_METRICS_PORT))])
     if runtime == "custom":
-        found.append(monitor("PodMonitor", "dist-ml-predictor", namespace,
-                             {"serving.kserve.io/inferenceservice": model_name},
-                             metrics_on(PREDICTOR_PORT_NAME)))
+        predictors = {"key": ISVC_LABEL, "operator": "In", "values": [model_name, canary_name(model_name)]}
+        found.append(monitor("PodMonitor", "dist-ml-predictor", namespace, {"matchExpressions": [predictors]},
+                             {**metrics_on(PREDICTOR_PORT_NAME), "interval": PREDICTOR_SCRAPE_INTERVAL},
+                             podTargetLabels=[ISVC_LABEL]))
     return found
 
 
@@ -125,7 +151,7 @@ class Monitoring(pulumi.ComponentResource):
         on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE}, opts=on_cluster)
         chart = k8s.helm.v4.Chart(
-            f"{name}-kube-prometheus-stack", chart="kube-prometheus-stack", version=args.chart_version,
+            release_name(name), name=release_name(name), chart=CHART, version=args.chart_version,
             repository_opts={"repo": CHART_REPOSITORY}, namespace=NAMESPACE, values=CHART_VALUES,
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace]))
         after_chart = pulumi.ResourceOptions(parent=self, provider=args.provider,

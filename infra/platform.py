@@ -1,6 +1,7 @@
 """The cluster's platform, each piece pinned by a version and installed from its upstream release:
 the training engine (Kubeflow Trainer v2 with JobSet and Kueue, or the training operator v1 for
-TFJobs), Argo Workflows, cert-manager and KServe in Standard mode (Deployments and HPAs; no Knative).
+TFJobs), Argo Workflows, cert-manager and KServe in Standard mode (Deployments and HPAs; no Knative),
+and KEDA when serving scales on load (infra/keda.py).
 
 Charts are helm.v4.Chart, which renders a chart and applies its objects but skips Helm hooks. The
 KServe charts' generator and the templates we read have no hooks, and KServe's docs install them
@@ -19,6 +20,7 @@ import yaml
 from pulumi_command import local
 
 from cluster_steps.names import TRAINJOB_ENGINE
+from infra.keda import Keda, KedaArgs
 from pipeline.argo import ARGO_NAMESPACE
 from pipeline.manifests import STANDARD_MODE
 
@@ -57,6 +59,11 @@ ARGO_INSTALL = "https://github.com/argoproj/argo-workflows/releases/download/{ve
 CERT_MANAGER = "https://github.com/cert-manager/cert-manager/releases/download/{version}/cert-manager.yaml"
 KSERVE_CHARTS = "oci://ghcr.io/kserve/charts/{chart}"
 KSERVE_NAMESPACE = "kserve"
+# KServe's controller looks for KEDA's ScaledObject CRD once, when it starts (v0.20.0
+# pkg/controller/v1beta1/inferenceservice/controller.go SetupWithManager): KEDA is installed before it,
+# and its pod template names the KEDA it started with, so that adding, removing or upgrading KEDA
+# restarts it.
+KEDA_ANNOTATION = "dist-ml/keda-version"
 # KServe's chart creates a cert-manager Certificate for its webhooks: cert-manager's own webhook must
 # answer first, and it answers only once cainjector has written its CA into the webhook configuration.
 # Applying cert-manager's YAML does not wait for that, so this does (bounded), with kubectl.
@@ -87,6 +94,7 @@ class PlatformArgs:
     kserve_version: str
     provider: k8s.Provider
     kubeconfig: pulumi.Input[str]  # Argo's objects need a provider whose default namespace is argo
+    keda_version: str | None = None  # None: no KEDA (serving scales on CPU or memory)
 
 
 class Platform(pulumi.ComponentResource):
@@ -130,10 +138,13 @@ class Platform(pulumi.ComponentResource):
         kserve_namespace = k8s.core.v1.Namespace(
             f"{name}-kserve-namespace", metadata={"name": KSERVE_NAMESPACE}, opts=on_cluster)
         kserve_crds = self._kserve_chart(name, "kserve-crd", args, {}, [kserve_namespace])
-        kserve = self._kserve_chart(
-            name, "kserve-resources", args,
-            {"kserve": {"controller": {"deploymentMode": STANDARD_MODE}}},
-            [kserve_crds, cert_manager_ready])
+        controller, keda = {"deploymentMode": STANDARD_MODE}, []
+        if args.keda_version:
+            keda = [Keda(f"{name}-keda", KedaArgs(args.keda_version, args.provider),
+                         opts=pulumi.ResourceOptions(parent=self)).chart]
+            controller["podAnnotations"] = {KEDA_ANNOTATION: args.keda_version}
+        kserve = self._kserve_chart(name, "kserve-resources", args, {"kserve": {"controller": controller}},
+                                    [kserve_crds, cert_manager_ready, *keda])
         # The ClusterServingRuntimes (TF Serving among them; off by default), after KServe's webhooks.
         runtimes = self._kserve_chart(name, "kserve-runtime-configs", args,
                                       {"kserve": {"servingruntime": {"enabled": True}}}, [kserve])

@@ -7,10 +7,12 @@
         [--rollout promote|rollback] [--serve]
     python -m pipeline promote [--config FILE] [--storage-root DIR]
     python -m pipeline rollback [--config FILE] [--storage-root DIR] [--to-version N]
-    python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2]
+    python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2] [--prometheus-url URL]
 
 `run` is the local engine (processes on this machine); `render` writes the Argo WorkflowTemplate and
-Workflow that run the same steps on Kubernetes. Flags override the config file's `pipeline` keys.
+Workflow that run the same steps on Kubernetes (--prometheus-url: where KEDA reads the predictor's
+load in that cluster, for serving.autoscaling.metric inflight or rps; default: where the stacks'
+monitoring serves it). Flags override the config file's `pipeline` keys.
 `run --rollout` decides the canary regardless of its evidence (for tests and demos). `promote` and
 `rollback` settle the local canary by hand, as the rollout step would; without a canary, `rollback`
 serves the committed version before the served one (or --to-version), deleting nothing.
@@ -28,7 +30,7 @@ from pipeline import argo, local_canary
 from pipeline.config import ConfigError, load_config
 from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
 from pipeline.local_canary import Forced, RolloutError
-from pipeline.manifests import DEFAULT_ARGO_VERSION, ClusterTarget
+from pipeline.manifests import DEFAULT_ARGO_VERSION, DEFAULT_PROMETHEUS_URL, ClusterTarget
 from serving.client import ServerError
 from serving.process import ServerFailed
 from trainer.model_repository import RolloutError as RolloutStateError
@@ -77,6 +79,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     render.add_argument("--out", type=Path, required=True)
     render.add_argument("--argo-version", type=argo_version, default=DEFAULT_ARGO_VERSION,
                         help="the Argo Workflows release to render for (v3.x or v4.x)")
+    render.add_argument("--prometheus-url", type=cli.http_url, default=DEFAULT_PROMETHEUS_URL,
+                        help="the cluster's Prometheus, where KEDA reads the predictor's load "
+                             "(serving.autoscaling.metric inflight or rps; default: the stacks')")
     return parser.parse_args(argv)
 
 
@@ -103,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         raise cli.UsageError(f"config: {error}") from None
     if args.command == "render":
-        written = argo.write(config, args.out, ClusterTarget(argo_version=args.argo_version))
+        target = ClusterTarget(argo_version=args.argo_version, prometheus_url=args.prometheus_url)
+        written = argo.write(config, args.out, target)
         for path in written:
             print(f"render: wrote {path}")
         return

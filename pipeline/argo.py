@@ -156,7 +156,8 @@ def cluster_step_container(target: ClusterTarget, module: str, args: list[str]) 
 def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     """Deploys the version select published, as the stable version or as the canary, waiting a
     bounded time for it to roll out; outputs that version for the rollout step."""
-    manifest = inference_service(config, target, f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}")
+    manifest = inference_service(config, target, f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}",
+                                 "{{workflow.namespace}}")
     return {
         "name": step.name,
         "inputs": {"parameters": [{"name": VERSION_PARAMETER}]},

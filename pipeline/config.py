@@ -159,21 +159,86 @@ Strategy = Annotated[Union[StrategyName, dict[str, StrategyName]], BeforeValidat
 Engine = Literal[TRAINJOB_ENGINE, TFJOB_ENGINE]
 Runtime = Literal["custom", "tensorflow"]
 RUNTIMES = get_args(Runtime)
-# What KServe's Standard mode scales on (HPA); concurrency and rps need Knative, which the stacks
-# do not install.
-ScaleMetric = Literal["cpu", "memory"]
-SCALE_METRICS = get_args(ScaleMetric)
+# What the predictor scales on (docs/concepts/serving.md). The load metrics are our server's own,
+# read from Prometheus by KEDA (KServe's autoscalerClass keda): `inflight`, the requests received and
+# not yet answered per replica, and `rps`, the requests per second per replica. `cpu` and `memory`
+# are KServe's HPA on the percentage of the container's request. Concurrency and rps through Knative
+# are not offered: the stacks install no Knative.
+ScalingMetric = Literal["inflight", "rps", "cpu", "memory"]
+SCALING_METRICS = get_args(ScalingMetric)
+LOAD_METRICS = ("inflight", "rps")
+# The load targets are 70% (Knative's default container-concurrency-target-percentage) of what one
+# replica of the demo's model holds with its p99 under the latency objective on the default serving
+# resources: `make bench-capacity`, docs/results/serving-capacity.md. cpu and memory: KServe's default
+# CPU utilization (constants.DefaultCPUUtilization).
+CAPACITY_HEADROOM = 0.7
+# Measured 2026-11-25 at ab5f5a5 (load average 3.4 to 5.9): 12 in flight (p99 62 ms), 520 requests/s.
+DEFAULT_TARGETS = {"inflight": 8, "rps": 363, "cpu": 80, "memory": 80}
+DEFAULT_LATENCY_OBJECTIVE_MS = 100.0
+# Kubernetes' own default for an HPA's scale-down stabilization; KServe's chart sets the same.
+DEFAULT_SCALE_DOWN_STABILIZATION = "5m"
+# The longest stabilization window the HPA API and KEDA's CRD accept (3600 s).
+MAX_STABILIZATION_SECONDS = 3600
+RETIRED_SERVING_KEYS = {
+    "scaleMetric": "replaced by serving.autoscaling.metric (inflight, rps, cpu or memory)",
+    "scaleTarget": "replaced by serving.autoscaling.target",
+}
+
+
+class Autoscaling(Section):
+    """The `serving.autoscaling` section: what the predictor's replicas follow, between minReplicas and
+    maxReplicas."""
+    metric: ScalingMetric = Field(
+        "inflight", description="inflight (requests in flight per replica) or rps (requests per second "
+                                "per replica), through KEDA on the stack's Prometheus; or cpu or memory "
+                                "(percent of the request), through KServe's HPA")
+    target: Positive | None = Field(
+        None, description=f"the metric's value per replica that scaling keeps; default: inflight "
+                          f"{DEFAULT_TARGETS['inflight']} and rps {DEFAULT_TARGETS['rps']} (70% of one "
+                          f"replica's measured capacity, docs/results/serving-capacity.md), cpu and memory "
+                          f"{DEFAULT_TARGETS['cpu']} (percent)")
+    scale_down_stabilization: Duration | None = Field(
+        None, description=f"how long load must stay low before replicas are removed (inflight and rps; "
+                          f"default {DEFAULT_SCALE_DOWN_STABILIZATION}, at most 1h)")
+    latency_objective_ms: Number = Field(
+        DEFAULT_LATENCY_OBJECTIVE_MS, ge=1.0,
+        description="the p99 latency (ms) one replica must hold: `make bench-capacity` finds the "
+                    "concurrency that holds it, and the default targets come from it")
+
+    @property
+    def on_load(self) -> bool:
+        return self.metric in LOAD_METRICS
+
+    @property
+    def target_value(self) -> int:
+        return self.target if self.target is not None else DEFAULT_TARGETS[self.metric]
+
+    @property
+    def scale_down_stabilization_seconds(self) -> int:
+        return duration_seconds(self.scale_down_stabilization or DEFAULT_SCALE_DOWN_STABILIZATION)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Autoscaling:
+        if not self.on_load and self.target is not None and self.target > 100:
+            raise fail(f"must be a percentage (1-100) with metric {self.metric}, got {self.target}", "target")
+        if not self.on_load and self.scale_down_stabilization is not None:
+            raise fail(f"applies only to metric inflight or rps: KServe v0.20's HPA (metric {self.metric}) "
+                       "takes no behavior, so Kubernetes' 5 minutes apply", "scaleDownStabilization")
+        if self.scale_down_stabilization_seconds > MAX_STABILIZATION_SECONDS:
+            raise fail(f"must be at most 1h, got {self.scale_down_stabilization}", "scaleDownStabilization")
+        return self
 
 
 class ServingConfig(WithResources):
     """The `serving` section: the model server, locally and as KServe's predictor."""
+    NOT_HERE: ClassVar[dict[str, str]] = RETIRED_SERVING_KEYS
     runtime: Runtime = Field("custom", description="custom (our server) or tensorflow (KServe's TF Serving)")
     runtime_version: Text | None = Field(None, description="TF Serving image tag; runtime tensorflow only")
     min_replicas: WholeNumber = Field(1, ge=0, description="fewest predictor replicas")
     max_replicas: WholeNumber = Field(3, ge=1, description="most predictor replicas (>= minReplicas)")
-    scale_metric: ScaleMetric = Field("cpu", description="what the HPA scales on")
-    scale_target: WholeNumber = Field(
-        80, ge=1, description="autoscaling target per replica (percent of the request)")
+    autoscaling: Autoscaling = Field(
+        Autoscaling(), description="what the replicas follow: {metric, target, scaleDownStabilization, "
+                                   "latencyObjectiveMs}")
     max_batch_size: WholeNumber = Field(32, ge=1, description="our server's dynamic batch limit")
     max_batch_wait_ms: Number = Field(
         0.0, ge=0, description="how long our server holds an idle model's batch open for more requests (ms)")
@@ -186,6 +251,12 @@ class ServingConfig(WithResources):
         if self.max_replicas < self.min_replicas:
             raise fail(f"must be >= minReplicas ({self.min_replicas}), got {self.max_replicas}",
                        "maxReplicas")
+        if self.autoscaling.on_load and self.runtime == "tensorflow":
+            raise fail(f"{self.autoscaling.metric} is read from our server's metrics, and runtime tensorflow "
+                       "(TF Serving) serves none: use cpu or memory", "autoscaling.metric")
+        if self.autoscaling.on_load and self.min_replicas < 1:
+            raise fail(f"must be >= 1 with autoscaling.metric {self.autoscaling.metric}: with no replica no "
+                       "request is counted, so nothing would scale the predictor up", "minReplicas")
         if self.runtime_version is not None and self.runtime != "tensorflow":
             raise fail("applies only to runtime 'tensorflow'", "runtimeVersion")
         if self.runtime_version is not None and () < release(self.runtime_version) < EXPORTER_TENSORFLOW:

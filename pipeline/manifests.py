@@ -18,8 +18,9 @@ from cluster_steps.names import (
     QUEUE_NAME_LABEL,
     REPLICATED_JOB_LABEL,
     TRAINING_QUEUE,
+    load_query,
 )
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, ServingConfig
 from pipeline.definition import (
     CLUSTER_STORAGE_ROOT,
     SERVING_IMAGE,
@@ -28,6 +29,7 @@ from pipeline.definition import (
     Step,
     serving_flags,
 )
+from pipeline.validation import ConfigError
 from trainer import cluster as tf_cluster
 
 DEFAULT_ARGO_VERSION = "v4.1.2"
@@ -52,6 +54,19 @@ GRPC_PORT_NAME = "h2c"
 PART_OF = {"app.kubernetes.io/part-of": "dist-ml"}
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 STANDARD_MODE = "Standard"  # Deployments and HPAs; the stacks install no Knative
+# Who scales the predictor (KServe v0.20 pkg/constants/constants.go AutoscalerClass): KServe's HPA on
+# cpu or memory, or a KEDA ScaledObject on the load, which KServe writes from spec.predictor.autoScaling
+# (reconcilers/keda/keda_reconciler.go). Named even for hpa, KServe's default, as KServe's webhook
+# checks a component's scaling fields only when the class is named (inference_service_validation.go
+# validateAutoScalingCompExtension).
+AUTOSCALER_CLASS_ANNOTATION = "serving.kserve.io/autoscalerClass"
+HPA_CLASS, KEDA_CLASS = "hpa", "keda"
+# KEDA's Prometheus scaler reads the query's one value against target.value per replica (KServe
+# writes no metricType, and KEDA's default is AverageValue); KServe requires target.value set, whatever
+# the type (validateScalingKedaCompExtension), and copies it as the trigger's threshold string.
+PROMETHEUS_BACKEND = "prometheus"
+# The stacks' Prometheus (infra/monitoring.py prometheus_url): a render's default.
+DEFAULT_PROMETHEUS_URL = "http://monitoring-kube-prometheus-prometheus.monitoring.svc:9090"
 # A version change rolls the predictor's Deployment without dropping a request. KServe
 # v0.20 (raw mode) takes spec.predictor.deploymentStrategy over its default 25%/25% RollingUpdate.
 MAX_UNAVAILABLE = 0  # no old pod stops before a new one is ready: serving capacity never dips
@@ -125,6 +140,7 @@ class ClusterTarget:
     storage: ClusterStorage = dataclasses.field(default_factory=pvc_storage)
     argo_version: str = DEFAULT_ARGO_VERSION
     logger_url: str | None = None  # where the predictor's KServe logger posts CloudEvents
+    prometheus_url: str | None = DEFAULT_PROMETHEUS_URL  # where KEDA reads the load; None: no Prometheus
     # Where TFJob pods run: the training node pool's labels and taints, and its GPUs per node.
     training_tolerations: tuple[dict, ...] = ()  # e.g. a GPU pool's taint
     training_node_selector: dict = dataclasses.field(default_factory=dict)
@@ -234,18 +250,37 @@ def model_ready_path(model_name: str) -> str:
     return f"/v2/models/{model_name}/ready"
 
 
-def inference_service(config: PipelineConfig, target: ClusterTarget, version: str) -> dict:
-    """The InferenceService serving one published `version` (a number, or Argo's placeholder for it),
-    with KServe's TF Serving or our server. A new version changes the predictor's pods, so every
-    replica rolls to it."""
+def scaling(serving: ServingConfig, target: ClusterTarget, namespace: str,
+            isvc_name: str) -> tuple[str, dict]:
+    """The autoscaler class and the predictor's scaling fields: KServe's HPA (scaleMetric, scaleTarget),
+    or KEDA on the InferenceService's own load in Prometheus (autoScaling, whose query selects its pods
+    only: cluster_steps.release renames it with the canary)."""
+    autoscaling = serving.autoscaling
+    replicas = {"minReplicas": serving.min_replicas, "maxReplicas": serving.max_replicas}
+    if not autoscaling.on_load:
+        return HPA_CLASS, {**replicas, "scaleMetric": autoscaling.metric,
+                           "scaleTarget": autoscaling.target_value}
+    if target.prometheus_url is None:
+        raise ConfigError(f"serving.autoscaling.metric: {autoscaling.metric} is read from Prometheus, and "
+                          "this cluster has none: use metric cpu")
+    external = {"metric": {"backend": PROMETHEUS_BACKEND, "serverAddress": target.prometheus_url,
+                           "query": load_query(autoscaling.metric, namespace, isvc_name)},
+                "target": {"type": "Value", "value": str(autoscaling.target_value)}}
+    behavior = {"scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds}}
+    return KEDA_CLASS, {**replicas, "autoScaling": {"metrics": [{"type": "External", "external": external}],
+                                                     "behavior": behavior}}
+
+
+def inference_service(config: PipelineConfig, target: ClusterTarget, version: str, namespace: str) -> dict:
+    """The InferenceService serving one published `version` (a number, or Argo's placeholder for it) in
+    `namespace` (a name, or Argo's placeholder for it), with KServe's TF Serving or our server. A new
+    version changes the predictor's pods, so every replica rolls to it."""
     serving = config.serving
     resources = serving.resources.as_manifest()
     storage_uri = release_uri(target.storage, config.model_name, version)
+    autoscaler_class, scaling_fields = scaling(serving, target, namespace, config.model_name)
     predictor: dict = {
-        "minReplicas": serving.min_replicas,
-        "maxReplicas": serving.max_replicas,
-        "scaleMetric": serving.scale_metric,
-        "scaleTarget": serving.scale_target,
+        **scaling_fields,
         "serviceAccountName": PREDICTOR_SERVICE_ACCOUNT,
         # Both runtimes: these are the predictor's (the Deployment's and its PodSpec's), not the container's.
         "deploymentStrategy": {"type": "RollingUpdate",
@@ -281,6 +316,7 @@ def inference_service(config: PipelineConfig, target: ClusterTarget, version: st
         "kind": "InferenceService",
         "metadata": {"name": config.model_name, "labels": dict(PART_OF),
                      "annotations": {DEPLOYMENT_MODE_ANNOTATION: STANDARD_MODE,
+                                     AUTOSCALER_CLASS_ANNOTATION: autoscaler_class,
                                      MODEL_VERSION_ANNOTATION: version}},
         "spec": {"predictor": predictor},
     }

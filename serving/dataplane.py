@@ -6,9 +6,10 @@ reads it with InferRequest.from_bytes: that decodes BYTES elements as UTF-8 text
 fail (a 500), and a malformed header is a 500 too. serving.inputs.binary_infer_request reads the
 same format with every problem a 400. gRPC requests reach the model through DataPlane.infer
 (kserve.protocol.grpc.servicer), past serving.server's HTTP middleware that counts requests: they
-are counted here, under protocol "grpc" with the HTTP status of the same outcome, so that error
-rates and latencies cover every protocol. KServe's gRPC error interceptor makes anything but
-KServe's own errors INTERNAL: a full queue becomes RESOURCE_EXHAUSTED, gRPC's 503.
+are counted here (and held in flight while they run), under protocol "grpc" with the HTTP status
+of the same outcome, so that error rates, latencies and the requests in flight cover every
+protocol. KServe's gRPC error interceptor makes anything but KServe's own errors INTERNAL: a full
+queue becomes RESOURCE_EXHAUSTED, gRPC's 503.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kserve.protocol.infer_type import InferRequest
 
 from serving.batching import QueueFull
 from serving.inputs import binary_infer_request
-from serving.metrics import ANSWERED_BY, ERRORS, VERSION_LABEL, error_kind, observe_request
+from serving.metrics import ANSWERED_BY, ERRORS, IN_FLIGHT, VERSION_LABEL, error_kind, observe_request
 
 # The HTTP status of each outcome of a gRPC request, as KServe's interceptor maps it to a gRPC code:
 # INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE; RESOURCE_EXHAUSTED for a full queue; INTERNAL otherwise.
@@ -59,6 +60,7 @@ class StrictDataPlane(DataPlane):
             return await super().infer(model_name, request, headers)
         started, status, answered_by, queue_full = time.perf_counter(), INTERNAL_ERROR_STATUS, {}, False
         ANSWERED_BY.set(answered_by)  # the model notes which version failed a request
+        IN_FLIGHT.inc()
         try:
             result = await super().infer(model_name, request, headers)
             status = 200
@@ -70,6 +72,7 @@ class StrictDataPlane(DataPlane):
                 raise ResourceExhausted(str(error)) from None
             raise
         finally:
+            IN_FLIGHT.dec()
             version = answered_by.get(VERSION_LABEL, "")
             observe_grpc(status, time.perf_counter() - started, version, queue_full)
 

@@ -7,21 +7,22 @@ from contextvars import ContextVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from serving.metric_names import (
+    ERRORS_METRIC,
+    IN_FLIGHT_METRIC,
+    LATENCY_METRIC,
+    REQUESTS_METRIC,
+    VERSION_LABEL,
+)
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-
-# The names and label the canary decision reads back from /metrics (serving.canary). `version` is the
-# served version that answered (the x-model-version header); "" for a request refused before one was
-# chosen (a body too large, a full queue, an unparseable request).
-REQUESTS_METRIC = "dist_ml_requests"
-LATENCY_METRIC = "dist_ml_request_seconds"
-ERRORS_METRIC = "dist_ml_errors"
-VERSION_LABEL = "version"
 
 REQUESTS = Counter(REQUESTS_METRIC, "Inference requests", ["protocol", "status", VERSION_LABEL])
 LATENCY = Histogram(LATENCY_METRIC, "Inference request latency", ["protocol", "status", VERSION_LABEL],
                     buckets=LATENCY_BUCKETS)
 ERRORS = Counter(ERRORS_METRIC, "Failed inference requests", ["kind", VERSION_LABEL])
+IN_FLIGHT = Gauge(IN_FLIGHT_METRIC, "Inference requests received and not yet answered, every protocol")
 BATCH_SIZE = Histogram("dist_ml_batch_size", "Instances per model call", buckets=BATCH_BUCKETS)
 MODEL_VERSION = Gauge("dist_ml_model_version", "Model version being served", ["model"])
 QUEUE_FULL = Counter("dist_ml_queue_full_total",

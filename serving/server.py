@@ -48,7 +48,7 @@ from common import cli
 from serving.batching import QueueFull
 from serving.bound_ports import reporting_bound_ports
 from serving.dataplane import with_strict_dataplane
-from serving.metrics import ANSWERED_BY, ERRORS, VERSION_LABEL, error_kind, observe_request
+from serving.metrics import ANSWERED_BY, ERRORS, IN_FLIGHT, VERSION_LABEL, error_kind, observe_request
 from serving.model import DEFAULT_MAX_QUEUED_IMAGES, VERSION_HEADER, FashionMnistModel
 from serving.port_file import PORT_FILE_FLAG, PORT_FILE_HELP, announcing
 from serving.refusals import HTTP_REFUSALS, http_refusal_status, log_refusal, with_one_line_grpc_refusals
@@ -76,9 +76,9 @@ def protocol_of(path: str) -> str | None:
 
 
 class LimitAndMeasure:
-    """The body size limit (413), and request count, latency and errors by protocol, status and the
-    version that answered (its response header; for a failure, the version the model noted; "" when
-    no version was chosen).
+    """The body size limit (413), the requests in flight, and request count, latency and errors by
+    protocol, status and the version that answered (its response header; for a failure, the version
+    the model noted; "" when no version was chosen).
 
     Plain ASGI: Starlette's BaseHTTPMiddleware costs a task group and a response stream per request,
     which was about a tenth of the server's CPU under load.
@@ -94,6 +94,7 @@ class LimitAndMeasure:
         started = time.perf_counter()
         status, version, answered_by = 500, "", {}
         ANSWERED_BY.set(answered_by)
+        IN_FLIGHT.inc()
 
         async def send_and_note_status(message: dict) -> None:
             nonlocal status, version
@@ -109,6 +110,7 @@ class LimitAndMeasure:
             else:
                 await self.app(scope, body, send_and_note_status)
         finally:
+            IN_FLIGHT.dec()
             version = version or answered_by.get(VERSION_LABEL, "")
             observe_request(protocol, status, version, time.perf_counter() - started)
             if (kind := error_kind(status)) and not scope.get(QUEUE_FULL_SCOPE_KEY):

@@ -13,7 +13,7 @@ import pulumi_kubernetes as k8s
 from cluster_steps.names import TRAINJOB_ENGINE, route_name
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
-from infra.monitoring import Monitoring, MonitoringArgs
+from infra.monitoring import Monitoring, MonitoringArgs, prometheus_url, release_name
 from infra.pipeline import PipelineArgs, PipelineResources
 from infra.platform import Platform, PlatformArgs
 from infra.queue import TrainingQueue, TrainingQueueArgs
@@ -54,7 +54,8 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
             depends_on=[*platform.ready, namespace]))
     target = pulumi.Output.from_input(images.images).apply(lambda built: ClusterTarget(
         images=built, storage=storage.storage, argo_version=config.platform.argo_version,
-        logger_url=logger_url(config.namespace), training_tolerations=placement.tolerations,
+        logger_url=logger_url(config.namespace), prometheus_url=cluster_prometheus(config),
+        training_tolerations=placement.tolerations,
         training_node_selector=placement.node_selector, training_gpus=placement.gpus))
     needs = [*platform.ready, *images.ready, *storage.ready, namespace]
     PipelineResources("pipeline", PipelineArgs(
@@ -70,7 +71,17 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
             **declare_monitoring(config, cluster.provider, platform, namespace)}
 
 
+MONITORING = "monitoring"  # the Monitoring component's name, which its chart's release name carries
+
+
+def cluster_prometheus(config: StackConfig) -> str | None:
+    """Where the predictor's load is read from: the stack's Prometheus, if it has monitoring."""
+    return prometheus_url(MONITORING) if config.monitoring.enabled else None
+
+
 def declare_platform(config: StackConfig, provider: k8s.Provider, kubeconfig: pulumi.Input[str]) -> Platform:
+    """The platform; with KEDA only when serving scales on load (three pods and an external-metrics
+    API service that nothing would use otherwise)."""
     versions = config.platform
     return Platform("platform", PlatformArgs(
         engine=config.pipeline.engine,
@@ -81,7 +92,8 @@ def declare_platform(config: StackConfig, provider: k8s.Provider, kubeconfig: pu
         argo_version=versions.argo_version,
         cert_manager_version=versions.cert_manager_version,
         kserve_version=versions.kserve_version,
-        provider=provider, kubeconfig=kubeconfig))
+        provider=provider, kubeconfig=kubeconfig,
+        keda_version=versions.keda_version if config.pipeline.serving.autoscaling.on_load else None))
 
 
 def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Platform,
@@ -90,13 +102,13 @@ def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Pl
     namespaces); returns its stack outputs (none when disabled)."""
     if not config.monitoring.enabled:
         return {}
-    Monitoring("monitoring", MonitoringArgs(
+    Monitoring(MONITORING, MonitoringArgs(
         chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
         model_name=config.pipeline.model_name, runtime=config.pipeline.serving.runtime,
         engine=config.pipeline.engine, provider=provider,
         depends_on=[*platform.ready, namespace]))
     return {"grafana": f"kubectl -n {MONITORING_NAMESPACE} port-forward "
-                       "service/monitoring-kube-prometheus-stack-grafana 3000:80"}
+                       f"service/{release_name(MONITORING)}-grafana 3000:80"}
 
 
 def access_outputs(config: StackConfig, kubeconfig: pulumi.Input[str], storage: ClusterStorage,

@@ -16,7 +16,14 @@ from pydantic import Field, Strict, model_validator
 
 from cluster_steps.names import TFJOB_ENGINE, TRAINJOB_ENGINE
 from pipeline.argo import SUPPORTED_ARGO_VERSION
-from pipeline.config import PipelineConfig, PipelineSections, PipelineSettings, ServingConfig
+from pipeline.config import (
+    Autoscaling,
+    PipelineConfig,
+    PipelineSections,
+    PipelineSettings,
+    ScalingMetric,
+    ServingConfig,
+)
 from pipeline.manifests import DEFAULT_ARGO_VERSION, GPU_RESOURCE
 from pipeline.validation import DnsLabel, Quantity, Section, fail, matching, quantity_value
 from trainer.cluster import NODE_JOB, jobset_replicas
@@ -42,6 +49,9 @@ class PlatformConfig(Section):
     cert_manager_version: ReleaseTag = Field(
         "v1.17.0", description="cert-manager (what KServe v0.20 documents)")
     kserve_version: ReleaseTag = Field("v0.20.0", description="KServe charts (Standard mode)")
+    keda_version: ChartVersion = Field(
+        "2.18.0", description="KEDA chart (kedacore/keda; what KServe v0.20 pins), installed when "
+                              "serving.autoscaling.metric is inflight or rps")
 
 
 class MonitoringConfig(Section):
@@ -68,9 +78,20 @@ class StackPipeline(PipelineSettings):
     run_on_up: Flag = Field(False, description="also submit one Workflow run on `pulumi up`")
 
 
+class StackAutoscaling(Autoscaling):
+    """`serving.autoscaling` on a stack without monitoring by default (k3d): CPU, as no Prometheus is
+    there to read the load from."""
+    metric: ScalingMetric = Field(
+        "cpu", description="inflight or rps (through KEDA on the stack's Prometheus: needs monitoring), "
+                           "or cpu or memory (KServe's HPA); default: cpu on k3d, inflight on gke")
+
+
 class StackServing(ServingConfig):
     """The `serving` section on a stack."""
-    NOT_HERE: ClassVar[dict[str, str]] = {"httpPort": LOCAL_ENGINE_ONLY}
+    NOT_HERE: ClassVar[dict[str, str]] = {**ServingConfig.NOT_HERE, "httpPort": LOCAL_ENGINE_ONLY}
+    autoscaling: StackAutoscaling = Field(
+        StackAutoscaling(), description="what the replicas follow: {metric, target, scaleDownStabilization, "
+                                        "latencyObjectiveMs}")
 
 
 # --- The base of every kind's stack model -----------------------------------------------------------
@@ -156,6 +177,15 @@ class StackSettings(PipelineSections):
             if isinstance(data.get(section), dict):
                 data[section] = {k: v for k, v in data[section].items() if k not in (name, key)}
         return data
+
+    @model_validator(mode="after")
+    def _load_needs_prometheus(self) -> StackSettings:
+        metric = self.serving.autoscaling.metric
+        if self.serving.autoscaling.on_load and not self.monitoring.enabled:
+            raise fail(f"{metric} is read from the stack's Prometheus, and monitoring.enabled is false: "
+                       "set monitoring.enabled true, or serving.autoscaling.metric cpu",
+                       "serving.autoscaling.metric")
+        return self
 
     def kind_sections(self) -> tuple[Any, Any, Any]:
         """The cluster and storage sections as the stack reads them, and the cloud's settings, if any."""

@@ -31,6 +31,7 @@ ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{
 # ../shared/schemas, whence the pins come; tests/test_cluster_contracts.py checks the fields GKE reads.
 UNCHECKED_KINDS = {"PodMonitor", "ServiceMonitor", "HelmChartConfig", "GCPBackendPolicy"}
 WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
+WORKFLOW_NAMESPACE = "dist-ml"  # ... and for {{workflow.namespace}}: the stacks' default namespace
 PUBLISHED_VERSION = "3"  # what select outputs, and the serve step receives
 
 
@@ -51,6 +52,7 @@ def objects_of(rendered: render.Rendered, kind: str) -> list[dict]:
 def as_submitted(text: str) -> str:
     """A template's text with Argo's placeholders as a run substitutes them."""
     return text.replace("{{workflow.name}}", WORKFLOW_NAME).replace(
+        "{{workflow.namespace}}", WORKFLOW_NAMESPACE).replace(
         f"{{{{inputs.parameters.{argo.VERSION_PARAMETER}}}}}", PUBLISHED_VERSION)
 
 

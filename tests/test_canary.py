@@ -4,7 +4,7 @@ promote or roll back on it."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -44,6 +44,9 @@ def test_evidence_is_read_per_version_summed_over_protocols_and_statuses():
     assert found[""].errors == 3  # refused before any version was chosen: nobody's evidence
 
 
+# No deadline: this asserts what is parsed, not how fast; on a loaded machine one example took 380 ms
+# against hypothesis's 200 ms default and failed the suite.
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["1", "2", "17"]), st.sampled_from(["200", "400", "500", "503"]),
                           st.integers(0, 20), st.floats(0.0005, 3.0)), max_size=8))
 def test_any_exposition_parses_back_to_what_was_counted(answers):

@@ -482,7 +482,8 @@ def stack_values_with_engine(stack: str, engine: str) -> dict[str, str]:
 
 def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_serve():
     values = stack_values("gke")
-    values["dist-ml:serving"] = json.dumps({**json.loads(values["dist-ml:serving"]), "runtime": "tensorflow"})
+    values["dist-ml:serving"] = json.dumps({**json.loads(values["dist-ml:serving"]), "runtime": "tensorflow",
+                                            "autoscaling": {"metric": "cpu"}})
     values["dist-ml:pipeline"] = json.dumps({**json.loads(values["dist-ml:pipeline"]),
                                              "rollout": {"canaryPercent": 0}})
     assert objects_of(render.render("gke", values), "PodMonitor") == []

@@ -32,7 +32,8 @@ TARGETS = {"default": ClusterTarget(),
 def rendered(runtime: str, target: ClusterTarget) -> dict:
     """The InferenceService the serve step rolls out, from the WorkflowTemplate."""
     pipeline = {"rollout": {"canaryPercent": 0}} if runtime == "tensorflow" else {}
-    config = parse_config({"pipeline": pipeline, "serving": {"runtime": runtime}})
+    scaling = {"autoscaling": {"metric": "cpu"}} if runtime == "tensorflow" else {}  # no load metrics
+    config = parse_config({"pipeline": pipeline, "serving": {"runtime": runtime, **scaling}})
     return embedded(argo.workflow_template(config, target), "serve")
 
 

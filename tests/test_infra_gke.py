@@ -382,7 +382,8 @@ def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
                 if r.inputs["chart"] == "kube-prometheus-stack"]
     assert chart.inputs["version"] == "80.4.1"
 
-    quiet = render.render("gke", gke_values(monitoring={"enabled": False}))
+    quiet = render.render("gke", gke_values(monitoring={"enabled": False},
+                                            serving={"autoscaling": {"metric": "cpu"}}))
     assert "dist-ml:infra:Monitoring" not in {r.type for r in quiet.resources}
     assert not objects_of(quiet, "PodMonitor") and not objects_of(quiet, "ServiceMonitor")
 

@@ -67,7 +67,7 @@ def test_every_declared_object_validates_against_the_real_schemas(default_stack,
 def test_config_changes_the_objects(validate_crd):
     rendered = render.render("local", stack_values(
         pipeline={"workers": 3, "variants": ["cnn"], "runOnUp": True},
-        serving={"minReplicas": 2, "maxReplicas": 5, "scaleTarget": 50},
+        serving={"minReplicas": 2, "maxReplicas": 5, "autoscaling": {"metric": "cpu", "target": 50}},
         platform={"argoVersion": "v3.7.18", "kserveVersion": "v0.19.0", "trainerVersion": "v2.3.1",
                   "kueueVersion": "v0.19.3"},
         cluster={"trainingQuota": {"cpu": "3", "memory": "5Gi"}},
@@ -155,7 +155,10 @@ def test_the_tfjob_engine_installs_the_training_operator_instead_and_its_steps_c
 
 BAD_STACK_CONFIG = [
     ({"cluster": {"agents": 1}}, "cluster.agents: pods on several nodes share the storage volume"),
-    ({"serving": {"scaleMetric": "rps"}}, "serving.scaleMetric: must be one of cpu, memory"),
+    ({"serving": {"scaleMetric": "cpu"}}, "serving.scaleMetric: replaced by serving.autoscaling.metric"),
+    ({"serving": {"autoscaling": {"metric": "inflight"}}},
+     "serving.autoscaling.metric: inflight is read from the stack's Prometheus, and monitoring.enabled "
+     "is false"),
     ({"serving": {"containerConcurrency": 1}}, "serving.containerConcurrency: unknown setting"),
     ({"platform": {"kserveDeploymentMode": "Knative"}}, "platform.kserveDeploymentMode: unknown setting"),
     ({"pipeline": {"workers": 0}}, "pipeline.workers: must be an integer >= 1"),
@@ -178,6 +181,9 @@ BAD_STACK_CONFIG = [
     ({"cluster": {"trainingQuota": {"cpu": "2"}}}, "cluster.trainingQuota.memory: is required"),
     ({"pipeline": {"workers": 5}},
      "pipeline.workers: cnn's TrainJob asks for 2.5 CPU at once, more than cluster.trainingQuota holds (2)"),
+    ({"serving": {"runtime": "tensorflow", "autoscaling": {"metric": "rps"}},
+      "monitoring": {"enabled": True}},
+     "serving.autoscaling.metric: rps is read from our server's metrics, and runtime tensorflow"),
 ]
 
 

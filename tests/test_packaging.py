@@ -360,3 +360,13 @@ def test_the_virtualenv_builder_imports_the_standard_library_alone() -> None:
                for found in imports_of(modules[name], name, REPO_ROOT)
                if found.target.split(".")[0] not in {"tools", *sys.stdlib_module_names}}
     assert reached == {"tools.virtualenvs", "tools.lock"} and not outside, (reached, outside)
+
+
+def test_the_prometheus_unpacker_imports_the_standard_library_alone() -> None:
+    """`make test` runs tools.prometheus with the system python, beside the install of .venv."""
+    modules = project_modules(REPO_ROOT, (*PROJECT_PACKAGES, "tools"))
+    reached = reached_from(["tools.prometheus"], modules)
+    outside = {found.target: f"{found.path}:{found.line}" for name in reached
+               for found in imports_of(modules[name], name, REPO_ROOT)
+               if found.target.split(".")[0] not in {"tools", *sys.stdlib_module_names}}
+    assert reached == {"tools.prometheus"} and not outside, (reached, outside)

@@ -29,7 +29,7 @@ def test_values_from_the_stack_config_mean_the_same():
                                           "limits": {"cpu": 2, "memory": "3Gi"}},
                      "rollout": {"canaryPercent": 0}},
         "serving": {"runtime": "tensorflow", "runtimeVersion": "2.21.0", "minReplicas": 0,
-                    "maxReplicas": 5.0, "scaleMetric": "memory", "scaleTarget": 4},
+                    "maxReplicas": 5.0, "autoscaling": {"metric": "memory", "target": 4.0}},
     })
     assert config.variants == ("cnn_batchnorm",)
     assert config.workers == 3 and isinstance(config.workers, int)  # Pulumi gives floats
@@ -37,11 +37,33 @@ def test_values_from_the_stack_config_mean_the_same():
     assert config.trainer_resources.limits == {"cpu": "2", "memory": "3Gi"}
     assert (config.serving.runtime, config.serving.runtime_version) == ("tensorflow", "2.21.0")
     assert (config.serving.min_replicas, config.serving.max_replicas) == (0, 5)
+    assert (config.serving.autoscaling.metric, config.serving.autoscaling.target) == ("memory", 4)
 
 
+# TF Serving serves none of the metrics the load is read from: it scales on CPU.
+TF_SERVING = {"runtime": "tensorflow", "autoscaling": {"metric": "cpu"}}
 BAD_CONFIGS = [
     # Knative's settings: KServe's Standard mode, the only one the stacks install, has neither.
-    ({"serving": {"scaleMetric": "concurrency"}}, "serving.scaleMetric: must be one of cpu, memory"),
+    ({"serving": {"autoscaling": {"metric": "concurrency"}}},
+     "serving.autoscaling.metric: must be one of inflight, rps, cpu, memory"),
+    # The keys before serving.autoscaling, each named with what replaced it.
+    ({"serving": {"scaleMetric": "cpu"}}, "serving.scaleMetric: replaced by serving.autoscaling.metric"),
+    ({"serving": {"scaleTarget": 80}}, "serving.scaleTarget: replaced by serving.autoscaling.target"),
+    ({"serving": {"autoscaling": {"target": 0}}}, "serving.autoscaling.target: must be an integer >= 1"),
+    ({"serving": {"autoscaling": {"metric": "cpu", "target": 120}}},
+     "serving.autoscaling.target: must be a percentage (1-100) with metric cpu, got 120"),
+    ({"serving": {"autoscaling": {"metric": "memory", "scaleDownStabilization": "10m"}}},
+     "serving.autoscaling.scaleDownStabilization: applies only to metric inflight or rps"),
+    ({"serving": {"autoscaling": {"scaleDownStabilization": "61m"}}},
+     "serving.autoscaling.scaleDownStabilization: must be at most 1h, got 61m"),
+    ({"serving": {"autoscaling": {"scaleDownStabilization": "5 minutes"}}},
+     "serving.autoscaling.scaleDownStabilization: must be a duration"),
+    ({"serving": {"autoscaling": {"latencyObjectiveMs": 0}}},
+     "serving.autoscaling.latencyObjectiveMs: must be a number >= 1"),
+    # The load is read from our server's metrics, and counted only on a replica that exists.
+    ({"serving": {"runtime": "tensorflow", "autoscaling": {"metric": "rps"}}},
+     "serving.autoscaling.metric: rps is read from our server's metrics, and runtime tensorflow"),
+    ({"serving": {"minReplicas": 0}}, "serving.minReplicas: must be >= 1 with autoscaling.metric inflight"),
     ({"serving": {"containerConcurrency": 1}}, "serving.containerConcurrency: unknown setting"),
     ({"pipeline": {"workers": 0}}, "pipeline.workers: must be an integer >= 1, got 0"),
     ({"pipeline": {"workers": "two"}}, "pipeline.workers"),
@@ -64,16 +86,16 @@ BAD_CONFIGS = [
      "pipeline.stepResources.requests: must set exactly cpu and memory"),
     ({"serving": {"runtime": "onnx"}}, "serving.runtime: must be one of custom, tensorflow"),
     ({"serving": {"runtimeVersion": "2.21.0"}}, "serving.runtimeVersion: applies only to runtime"),
-    ({"serving": {"runtime": "tensorflow", "runtimeVersion": "2.20.0"}},
+    ({"serving": {**TF_SERVING, "runtimeVersion": "2.20.0"}},
      "serving.runtimeVersion: must be no older than the TensorFlow that writes the exports (2.21)"),
     ({"serving": {"minReplicas": 4, "maxReplicas": 2}}, "serving.maxReplicas: must be >= minReplicas"),
     # Across the sections: the canary is judged on the server's /metrics, which TF Serving lacks.
-    ({"serving": {"runtime": "tensorflow"}},
+    ({"serving": TF_SERVING},
      "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: TF Serving serves no "
      "/metrics to judge a canary on; got 10"),
-    ({"pipeline": {"rollout": {"canaryPercent": 1}}, "serving": {"runtime": "tensorflow"}},
+    ({"pipeline": {"rollout": {"canaryPercent": 1}}, "serving": TF_SERVING},
      "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow"),
-    ({"serving": {"scaleMetric": "gpu"}}, "serving.scaleMetric"),
+    ({"serving": {"autoscaling": {"metric": "gpu"}}}, "serving.autoscaling.metric"),
     ({"serving": {"maxBatchWaitMs": float("nan")}}, "serving.maxBatchWaitMs"),
     ({"serving": {"httpPort": 70000}}, "serving.httpPort"),
     ({"pipeline": {"promotion": {"minImprovement": 1.5}}},
@@ -149,7 +171,7 @@ def test_a_malformed_config_file_is_named(tmp_path, text, message):
 def test_a_canary_tf_serving_cannot_be_judged_on_starts_nothing(tmp_path):
     """`pipeline run` refuses it through the same model as `render` and the stacks."""
     root, config_file = tmp_path / "root", tmp_path / "pipeline.yaml"
-    config_file.write_text(yaml.safe_dump({"serving": {"runtime": "tensorflow"}}))
+    config_file.write_text(yaml.safe_dump({"serving": TF_SERVING}))
     result = run_module("pipeline", "run", "--config", config_file, "--storage-root", root)
     assert result.returncode == 2
     assert last_line(result.stderr).startswith(
@@ -196,8 +218,13 @@ PIPELINE_VALUES = {
     "memoizeMaxAge": st.from_regex(r"^(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?$", fullmatch=True).filter(bool),
     "trainerResources": st.fixed_dictionaries({}, optional={"requests": AMOUNTS, "limits": AMOUNTS}),
 }
+AUTOSCALING = st.fixed_dictionaries({}, optional={
+    "metric": st.sampled_from(["cpu", "memory"]), "target": st.integers(1, 100),
+    "latencyObjectiveMs": st.floats(1, 10_000)})
+LOAD_AUTOSCALING = st.fixed_dictionaries({"metric": st.sampled_from(["inflight", "rps"])}, optional={
+    "target": st.integers(1, 10_000), "scaleDownStabilization": st.sampled_from(["0s", "30s", "5m", "1h"])})
 SERVING_VALUES = {
-    "scaleMetric": st.sampled_from(["cpu", "memory"]), "scaleTarget": st.integers(1, 100),
+    "autoscaling": AUTOSCALING | LOAD_AUTOSCALING,
     "maxBatchSize": st.integers(1, 256), "maxBatchWaitMs": st.floats(0, 1000) | st.integers(0, 1000),
     "httpPort": st.integers(1, 65535),
     "resources": st.fixed_dictionaries({"requests": AMOUNTS, "limits": AMOUNTS}),
@@ -207,10 +234,11 @@ SERVING_VALUES = {
 @st.composite
 def valid_configs(draw) -> dict:
     serving = draw(st.fixed_dictionaries({}, optional=SERVING_VALUES))
-    low = draw(st.integers(0, 5))
+    on_load = serving.get("autoscaling", {}).get("metric", "inflight") in ("inflight", "rps")
+    low = draw(st.integers(1 if on_load else 0, 5))
     serving.update(minReplicas=low, maxReplicas=draw(st.integers(max(1, low), 9)))
     pipeline = draw(st.fixed_dictionaries({}, optional=PIPELINE_VALUES))
-    if draw(st.booleans()):
+    if not on_load and draw(st.booleans()):
         versions = st.sampled_from(["2.21.0", "2.22.1-gpu", "nightly"])
         serving.update(runtime="tensorflow", runtimeVersion=draw(versions))
         pipeline["rollout"] = {"canaryPercent": 0}  # TF Serving has no /metrics to judge a canary on

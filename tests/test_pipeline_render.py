@@ -6,11 +6,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import run_module
-from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, embedded
+from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, WORKFLOW_NAMESPACE, embedded
 
 from cluster_steps import names as cluster_names
 from pipeline import argo
-from pipeline.config import parse_config
+from pipeline.config import ConfigError, parse_config
 from pipeline.definition import ingest_memo_key
 from pipeline.manifests import TF_SERVING_VERSION, TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
 
@@ -22,6 +22,7 @@ KUBERNETES_VERSION = "1.33"
 CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "epochs": 4}}
 TFJOB_CONFIG = {"pipeline": {**CONFIG["pipeline"], "engine": "tfjob"}}
 TRAINER_CRDS = "trainer-v2.3.0/trainer.kubeflow.org_"
+TF_SERVING = {"runtime": "tensorflow", "autoscaling": {"metric": "cpu"}}  # no load metrics: CPU
 
 
 def templates(template: dict) -> dict[str, dict]:
@@ -32,7 +33,8 @@ def templates(template: dict) -> dict[str, dict]:
 @pytest.mark.parametrize("runtime", ["custom", "tensorflow"])
 def test_every_rendered_object_validates_against_the_upstream_schemas(validate_crd, argo_version, runtime):
     canary = {"rollout": {"canaryPercent": 0 if runtime == "tensorflow" else 10}}
-    config = parse_config({"pipeline": {**CONFIG["pipeline"], **canary}, "serving": {"runtime": runtime}})
+    config = parse_config({"pipeline": {**CONFIG["pipeline"], **canary},
+                           "serving": TF_SERVING if runtime == "tensorflow" else {}})
     objects = argo.render_objects(config, ClusterTarget(argo_version=argo_version))
     crds = ARGO_CRDS[argo_version]
     template = objects["workflowtemplate.yaml"]
@@ -147,8 +149,8 @@ def test_ingest_is_memoized_on_the_data_source_and_checksums():
 
 
 def test_serve_rolls_out_the_version_select_published_and_autoscales_from_config():
-    config = parse_config({"serving": {"minReplicas": 2, "maxReplicas": 6, "scaleMetric": "memory",
-                                       "scaleTarget": 70}})
+    config = parse_config({"serving": {"minReplicas": 2, "maxReplicas": 6,
+                                       "autoscaling": {"metric": "memory", "target": 70}}})
     template = argo.workflow_template(config)
     select, serve = templates(template)["select"], templates(template)["serve"]
     # select writes the version it published where Argo reads its output...
@@ -173,6 +175,8 @@ def test_serve_rolls_out_the_version_select_published_and_autoscales_from_config
     predictor = isvc["spec"]["predictor"]
     assert {k: predictor[k] for k in ("minReplicas", "maxReplicas", "scaleMetric", "scaleTarget")} == {
         "minReplicas": 2, "maxReplicas": 6, "scaleMetric": "memory", "scaleTarget": 70}
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "hpa"
+    assert "autoScaling" not in predictor
     (container,) = predictor["containers"]
     assert container["name"] == "kserve-container"
     # One version, the run's: a release holding only <version>/, served as a TF-Serving base path.
@@ -185,14 +189,14 @@ TF_SERVING_NO_CANARY = {"rollout": {"canaryPercent": 0}}  # TF Serving serves no
 
 
 def test_the_tensorflow_runtime_serves_the_release_with_a_pinned_tf_serving():
-    config = parse_config({"pipeline": TF_SERVING_NO_CANARY, "serving": {"runtime": "tensorflow"}})
+    config = parse_config({"pipeline": TF_SERVING_NO_CANARY, "serving": TF_SERVING})
     target = ClusterTarget(storage=gcs_storage("bucket-1"))
     model = embedded(argo.workflow_template(config, target), "serve")["spec"]["predictor"]["model"]
     # KServe v0.20's default (2.6.2) predates the TensorFlow that writes the export.
     assert model["modelFormat"] == {"name": "tensorflow"} and model["runtimeVersion"] == TF_SERVING_VERSION
     assert model["storageUri"] == f"gs://bucket-1/releases/fmnist/{PUBLISHED_VERSION}"
     chosen = parse_config({"pipeline": TF_SERVING_NO_CANARY,
-                           "serving": {"runtime": "tensorflow", "runtimeVersion": "2.22.1"}})
+                           "serving": {**TF_SERVING, "runtimeVersion": "2.22.1"}})
     assert embedded(argo.workflow_template(chosen), "serve")["spec"]["predictor"]["model"][
         "runtimeVersion"] == "2.22.1"
 
@@ -210,10 +214,52 @@ def test_render_writes_one_file_per_object(tmp_path):
     assert workflow["spec"]["workflowTemplateRef"]["name"] == argo.WORKFLOW_TEMPLATE_NAME
 
 
+@pytest.mark.parametrize(("metric", "series"), [("inflight", "dist_ml_requests_in_flight"),
+                                                ("rps", "dist_ml_requests_total")])
+def test_by_default_the_predictor_scales_on_its_own_load_through_keda(metric, series):
+    """KServe's keda class with one External metric: the query sums this InferenceService's pods'
+    series in the workflow's namespace, read from the Prometheus the target names; the target is per
+    replica, the scale-down window from config."""
+    config = parse_config({"serving": {"minReplicas": 2, "maxReplicas": 7, "autoscaling": {
+        "metric": metric, "target": 6, "scaleDownStabilization": "10m"}}})
+    target = ClusterTarget(prometheus_url="http://prometheus.example:9090")
+    isvc = embedded(argo.workflow_template(config, target), "serve")
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "keda"
+    predictor = isvc["spec"]["predictor"]
+    assert "scaleMetric" not in predictor and "scaleTarget" not in predictor  # KServe refuses them with keda
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (2, 7)
+    (external,) = [m["external"] for m in predictor["autoScaling"]["metrics"] if m["type"] == "External"]
+    assert external["metric"]["backend"] == "prometheus"
+    assert external["metric"]["serverAddress"] == "http://prometheus.example:9090"
+    query = external["metric"]["query"]
+    assert query.startswith("sum(") and series in query
+    assert f'namespace="{WORKFLOW_NAMESPACE}"' in query
+    assert 'serving_kserve_io_inferenceservice="fmnist"' in query
+    assert external["target"] == {"type": "Value", "value": "6"}
+    assert predictor["autoScaling"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 600}}
+
+
+def test_without_a_prometheus_a_load_metric_cannot_be_rendered():
+    with pytest.raises(ConfigError, match="^serving.autoscaling.metric: inflight is read from Prometheus"):
+        argo.workflow_template(parse_config({}), ClusterTarget(prometheus_url=None))
+    isvc = embedded(argo.workflow_template(parse_config({"serving": {"autoscaling": {"metric": "cpu"}}}),
+                                           ClusterTarget(prometheus_url=None)), "serve")
+    assert isvc["spec"]["predictor"]["scaleMetric"] == "cpu"
+
+
+def test_render_takes_the_clusters_prometheus(tmp_path):
+    result = run_module("pipeline", "render", "--out", tmp_path, "--prometheus-url", "http://prom.obs:9090")
+    assert result.returncode == 0, result.stderr
+    template = yaml.safe_load((tmp_path / "workflowtemplate.yaml").read_text())
+    (metric,) = embedded(template, "serve")["spec"]["predictor"]["autoScaling"]["metrics"]
+    external = metric["external"]
+    assert external["metric"]["serverAddress"] == "http://prom.obs:9090"
+
+
 def test_render_refuses_a_canary_tf_serving_cannot_be_judged_on_in_one_line(tmp_path):
     config_file = tmp_path / "pipeline.yaml"
     config_file.write_text(yaml.safe_dump({"pipeline": {"rollout": {"canaryPercent": 10}},
-                                           "serving": {"runtime": "tensorflow"}}))
+                                           "serving": TF_SERVING}))
     result = run_module("pipeline", "render", "--out", tmp_path / "out", "--config", config_file)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "pipeline.rollout.canaryPercent" in result.stderr, result.stderr

@@ -31,7 +31,8 @@ OLD_URI, NEW_URI = "gs://bucket/releases/fmnist/2", "gs://bucket/releases/fmnist
 
 
 def manifest(version: str = "3") -> dict:
-    return inference_service(parse_config({}), ClusterTarget(storage=gcs_storage("bucket")), version)
+    target = ClusterTarget(storage=gcs_storage("bucket"))
+    return inference_service(parse_config({}), target, version, NAMESPACE)
 
 
 def deployment(uri: str, generation: int = 2, observed: int = 2, replicas: int = 2, updated: int = 2,
@@ -406,10 +407,29 @@ def test_a_later_version_is_deployed_as_a_canary_beside_the_stable_one_with_its_
     assert cluster.log == ["create isvc fmnist-canary 3",
                            "create route fmnist-predictor=75 fmnist-canary-predictor=25"]
     canary_isvc = cluster.isvcs["fmnist-canary"]
-    assert canary_isvc["spec"] == manifest("3")["spec"]  # the same predictor, the new release
+    # The same predictor, the new release, scaling on its own pods' load.
+    assert canary_isvc["spec"] == rollout.renamed(manifest("3"), "fmnist-canary")["spec"]
     assert rollout.storage_uri(canary_isvc) == NEW_URI
     assert rollout.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
     assert said[-1].endswith("taking 25% of requests; version 2 stays stable")
+
+
+def load_query(isvc: dict) -> str:
+    (metric,) = isvc["spec"]["predictor"]["autoScaling"]["metrics"]
+    return metric["external"]["metric"]["query"]
+
+
+def test_the_canary_and_the_stable_version_each_scale_on_their_own_pods_load():
+    stable = manifest("3")
+    canary = rollout.renamed(stable, "fmnist-canary")
+    assert load_query(stable).replace('inferenceservice="fmnist"', 'inferenceservice="fmnist-canary"') == \
+        load_query(canary) != load_query(stable)
+    promoted = rollout.renamed(canary, "fmnist")  # promotion: the stable one takes the canary's spec
+    assert load_query(promoted) == load_query(stable)
+    stray = rollout.renamed(stable, "fmnist-canary")
+    stray["spec"]["predictor"]["autoScaling"]["metrics"][0]["external"]["metric"]["query"] = "sum(up)"
+    with pytest.raises(rollout.RolloutError, match="does not select its own pods"):
+        rollout.renamed(stray, "fmnist")
 
 
 def test_with_canary_percent_0_a_later_version_replaces_the_stable_one_at_once():
@@ -443,8 +463,8 @@ def test_a_pod_whose_metrics_cannot_be_read_is_left_out_of_that_look():
 
 def test_a_canary_that_serves_no_metrics_is_refused_before_anything_changes():
     config = parse_config({"pipeline": {"rollout": {"canaryPercent": 0}},  # refused with a canary
-                           "serving": {"runtime": "tensorflow"}})
-    tf_serving = inference_service(config, ClusterTarget(storage=gcs_storage("bucket")), "3")
+                           "serving": {"runtime": "tensorflow", "autoscaling": {"metric": "cpu"}}})
+    tf_serving = inference_service(config, ClusterTarget(storage=gcs_storage("bucket")), "3", NAMESPACE)
     cluster = FakeKServe({"fmnist": manifest("2")})
     with pytest.raises(rollout.RolloutError, match="serves no /metrics"):
         rollout.deploy(cluster, NAMESPACE, tf_serving, 10, 60)

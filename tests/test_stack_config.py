@@ -131,7 +131,8 @@ def test_the_gcp_providers_own_keys_are_left_to_it_on_gke():
 def test_the_stack_refuses_across_the_pipeline_sections_what_the_config_file_refuses(kind):
     """The rules that span `pipeline` and `serving` are the pipeline's (PipelineSections), stated once:
     a stack of any kind refuses what `python -m pipeline run` and `render` refuse, in the same words."""
-    sections = {"pipeline": {"rollout": {"canaryPercent": 25}}, "serving": {"runtime": "tensorflow"}}
+    sections = {"pipeline": {"rollout": {"canaryPercent": 25}},
+                "serving": {"runtime": "tensorflow", "autoscaling": {"metric": "cpu"}}}
     with pytest.raises(ConfigError) as in_the_file:
         parse_config(sections)
     assert str(in_the_file.value) == (
@@ -185,9 +186,11 @@ def sections(names: list[str]) -> st.SearchStrategy[dict]:
         lambda chosen: st.fixed_dictionaries({name: section(name) for name in chosen}))
 
 
-# Keys an error may name though the mapping lacks them: required ones, and the key a rule across the
-# sections names (serving.runtime tensorflow refuses the default canaryPercent).
-ALWAYS_NAMED = {"cluster", "gcp:project", "gcp:region", "pipeline.rollout.canaryPercent"}
+# Keys an error may name though the mapping lacks them: required ones, and the keys rules across the
+# sections name (serving.runtime tensorflow refuses the default canaryPercent; monitoring.enabled false
+# refuses gke's default serving.autoscaling.metric).
+ALWAYS_NAMED = {"cluster", "gcp:project", "gcp:region", "pipeline.rollout.canaryPercent",
+                "serving.autoscaling.metric"}
 
 
 def assert_names_a_key(error: ConfigError, raw: Any, also: set[str]) -> None:
@@ -251,7 +254,9 @@ def valid_stacks() -> st.SearchStrategy[dict]:
         "gcp:project": projects, "gcp:region": st.sampled_from(["us-central1", "europe-west4"])},
         optional={"storage": st.fixed_dictionaries({}, optional={
                       "checkpointRetentionDays": st.integers(1, 99)}),
-                  "monitoring": st.fixed_dictionaries({}, optional={"enabled": st.booleans()})})
+                  "monitoring": st.fixed_dictionaries({}, optional={"enabled": st.booleans()})}).map(
+        lambda raw: {**raw, "serving": {"autoscaling": {"metric": "cpu"}}}  # no Prometheus to read load from
+        if raw.get("monitoring", {}).get("enabled") is False else raw)
     k3d = st.fixed_dictionaries({
         "cluster": st.fixed_dictionaries({"kind": st.just("k3d")}, optional={
             "servers": st.integers(1, 3).map(float), "ports": st.lists(st.fixed_dictionaries(

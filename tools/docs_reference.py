@@ -424,6 +424,7 @@ GUIDES = {
     "benchmarks.variant_cv": ("Model quality: which variants the demo trains",
                               "../results/model-quality.md#which-variants-the-demo-trains"),
     "benchmarks.train_throughput": ("Training throughput", "../results/training-throughput.md"),
+    "benchmarks.serve_capacity": ("Serving capacity", "../results/serving-capacity.md"),
     "benchmarks.serve_throughput": ("Serving benchmark", "../results/serving-benchmark.md"),
     "benchmarks.stock_kserve": ("Serving benchmark", "../results/serving-benchmark.md"),
     "testdata": ("Development: tests", "../development.md#tests"),

@@ -40,10 +40,11 @@ from infra.gke_endpoint import (
 from infra.gke_public_endpoint import PublicEndpoint, PublicEndpointArgs
 from infra.network import GkeNetwork, GkeNetworkArgs, region_of
 from infra.registry import RegistryImages, RegistryImagesArgs
+from pipeline.config import Autoscaling, ScalingMetric
 from pipeline.manifests import GPU_RESOURCE, PART_OF
 from pipeline.validation import Section, Text, WholeNumber, fail, matching
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
-from stacks.settings import PROJECT, Flag, MonitoringConfig, StackSettings, TrainingQuota
+from stacks.settings import PROJECT, Flag, MonitoringConfig, StackServing, StackSettings, TrainingQuota
 
 # Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
 GCP_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
@@ -282,6 +283,18 @@ class GkeMonitoring(MonitoringConfig):
     enabled: Flag = Field(True, description="install monitoring (default: false on k3d, true on gke)")
 
 
+class GkeAutoscaling(Autoscaling):
+    metric: ScalingMetric = Field(
+        "inflight", description="inflight or rps (through KEDA on the stack's Prometheus: needs monitoring), "
+                                "or cpu or memory (KServe's HPA); default: cpu on k3d, inflight on gke")
+
+
+class GkeServing(StackServing):
+    autoscaling: GkeAutoscaling = Field(
+        GkeAutoscaling(), description="what the replicas follow: {metric, target, scaleDownStabilization, "
+                                      "latencyObjectiveMs}")
+
+
 class GkeStack(StackSettings):
     """A stack on a GKE cluster."""
     PROVIDER: ClassVar[str] = "gcp"
@@ -291,6 +304,7 @@ class GkeStack(StackSettings):
     cluster: GkeConfig = Field(description="the GKE cluster")
     storage: GcsConfig = Field(GcsConfig(), description="the bucket every pipeline pod mounts")
     monitoring: GkeMonitoring = Field(GkeMonitoring(), description="Prometheus, Grafana and the dashboard")
+    serving: GkeServing = Field(GkeServing(), description="as in the pipeline's config file")
 
     def training_quota(self) -> tuple[dict[str, str], int]:
         pool = self.cluster.pool(self.cluster.training_pool)

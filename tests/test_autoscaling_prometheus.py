@@ -1,0 +1,184 @@
+"""The autoscaler's queries, exactly as the rendered InferenceService's KEDA trigger carries them,
+answered by a real Prometheus (Debian's, unpacked by tools/prometheus.py, which `make test` runs)
+scraping our model server under a known load: CLIENTS clients held in flight read as about CLIENTS
+requests in flight; the request rate reads the clients' requests (the share of its one-minute window
+that was scraped). A query naming a wrong metric or label, which would never scale anything, finds
+nothing.
+
+The server holds each batch open for BATCH_WAIT_MS (--max-batch-wait-ms), so that every client's
+request is in flight nearly all the time. Prometheus scrapes it every second with the labels Prometheus
+Operator gives a target of the stacks' PodMonitor (`namespace`, `pod`, `container`, `endpoint`, `job`,
+and each podTargetLabels label under its sanitized name: v0.87.1 pkg/prometheus/promcfg.go
+generatePodMonitorConfig 1483-1538), and starts once the load is on, so that the queries' one-minute
+window holds loaded samples only (on a cluster, the load would have lasted that long).
+Every server binds port 0: ours reports its port (serving.process), Prometheus's is read from its
+listening socket."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+from conftest import in_ci
+from stack_checks import WORKFLOW_NAMESPACE, embedded
+
+from cluster_steps.names import ISVC_LABEL, TRAINJOB_ENGINE
+from infra.monitoring import monitors
+from pipeline import argo
+from pipeline.config import parse_config
+from pipeline.manifests import PREDICTOR_CONTAINER, PREDICTOR_PORT_NAME
+from serving.loadtest import generated_images, run_load
+from serving.process import running_server, stop
+from tools import prometheus
+
+pytestmark = pytest.mark.slow  # starts the model server and Prometheus
+
+MODEL = "fmnist"
+CLIENTS = 4
+BATCH_WAIT_MS = 200
+LOAD_SECONDS = 12.0
+SCRAPES = 4  # seconds of samples before the queries are asked
+PORT_SECONDS = 120.0
+POD = f"{MODEL}-predictor-7d9f8c6b5-x2k4q"  # a name KServe's Deployment gives a predictor pod
+
+
+def listening_port(process: subprocess.Popen, log: Path, timeout: float = PORT_SECONDS) -> int:
+    """The TCP port `process` (bound to port 0) listens on, read from its socket (Prometheus logs the
+    address it was given, 127.0.0.1:0, before the one it got)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"exited with {process.returncode}: {log.read_text()[-2000:]}")
+        ports = {c.laddr.port for c in psutil.Process(process.pid).connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+        if ports:
+            (port,) = ports
+            return port
+        time.sleep(0.2)
+    raise AssertionError(f"not listening after {timeout:.0f}s: {log.read_text()[-2000:]}")
+
+
+def target_labels(podmonitor: dict, pod_labels: dict[str, str]) -> dict[str, str]:
+    """What Prometheus Operator's relabeling gives a target of `podmonitor` (promcfg.go 1483-1538)."""
+    sanitized = {re.sub(r"[^a-zA-Z0-9_]", "_", name): pod_labels[name]
+                 for name in podmonitor["spec"].get("podTargetLabels", [])}
+    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+    metadata = podmonitor["metadata"]
+    return {"namespace": WORKFLOW_NAMESPACE, "container": PREDICTOR_CONTAINER, "pod": POD, **sanitized,
+            "job": f"{metadata['namespace']}/{metadata['name']}", "endpoint": endpoint["port"]}
+
+
+def trigger_query(metric: str) -> str:
+    """The query of the rendered InferenceService's one External metric, as a run submits it."""
+    config = parse_config({"serving": {"autoscaling": {"metric": metric}}})
+    isvc = embedded(argo.workflow_template(config), "serve")
+    (spec,) = isvc["spec"]["predictor"]["autoScaling"]["metrics"]
+    return spec["external"]["metric"]["query"]
+
+
+@pytest.fixture(scope="module")
+def prometheus_binary() -> Path:
+    if prometheus.BINARY.is_file():
+        return prometheus.BINARY
+    message = f"Prometheus {prometheus.RELEASE} is not at {prometheus.BINARY}: run {prometheus.INSTALL_HINT}"
+    if in_ci():
+        pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
+    pytest.skip(message)
+
+
+@contextlib.contextmanager
+def prometheus_scraping(binary: Path, server_url: str, labels: dict[str, str], work: Path) -> Iterator[str]:
+    config = work / "prometheus.yml"
+    config.write_text(json.dumps({  # YAML is a superset of JSON
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "predictor", "static_configs": [
+            {"targets": [server_url.removeprefix("http://")], "labels": labels}]}]}))
+    log = work / "prometheus.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [str(binary), f"--config.file={config}", f"--storage.tsdb.path={work}/tsdb",
+             "--web.listen-address=127.0.0.1:0"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield f"http://127.0.0.1:{listening_port(process, log)}"
+    finally:
+        stop(process)
+
+
+def query(prometheus_url: str, promql: str) -> list[dict]:
+    url = f"{prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def wait_for_samples(prometheus_url: str, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = query(prometheus_url, "count_over_time(up[1m])")
+        if found and float(found[0]["value"][1]) >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus took fewer than {count} samples in {timeout:.0f}s")
+
+
+def server_in_flight(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return float(re.search(r"^dist_ml_requests_in_flight (\S+)$", text, re.M)[1])
+
+
+def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
+        published_repo, prometheus_binary, tmp_path):
+    started = time.monotonic()
+    queries = {metric: trigger_query(metric) for metric in ("inflight", "rps")}
+    (podmonitor,) = [m for m in monitors(WORKFLOW_NAMESPACE, MODEL, "custom", TRAINJOB_ENGINE)
+                     if m["kind"] == "PodMonitor"]
+    assert podmonitor["spec"]["podMetricsEndpoints"][0]["port"] == PREDICTOR_PORT_NAME
+    labels = target_labels(podmonitor, {ISVC_LABEL: MODEL, "component": "predictor"})
+    server_args = ["--model-repo", published_repo, "--model-name", MODEL,
+                   "--max-batch-wait-ms", BATCH_WAIT_MS]
+    with running_server(server_args, MODEL, tmp_path / "server.log") as (url, _):
+        load = {}
+        clients = threading.Thread(target=lambda: load.update(report=run_load(
+            url, generated_images(), CLIENTS, model_name=MODEL, duration=LOAD_SECONDS)))
+        clients.start()
+        try:
+            while server_in_flight(url) < 1:  # the load is on before the first scrape
+                time.sleep(0.05)
+            with prometheus_scraping(prometheus_binary, url, labels, tmp_path) as prometheus_url:
+                wait_for_samples(prometheus_url, SCRAPES)
+                answers = {metric: query(prometheus_url, promql) for metric, promql in queries.items()}
+                in_flight_query = queries["inflight"]
+                wrong = {
+                    "a wrong metric": in_flight_query.replace("requests_in_flight", "requests_inflight"),
+                    "another InferenceService": in_flight_query.replace(f'="{MODEL}"', f'="{MODEL}-canary"'),
+                    "a label the monitor does not set": in_flight_query.replace(
+                        "serving_kserve_io_inferenceservice=", "inferenceservice="),
+                    "another namespace": queries["rps"].replace(f'"{WORKFLOW_NAMESPACE}"', '"default"'),
+                }
+                missed = {name: query(prometheus_url, promql) for name, promql in wrong.items()}
+        finally:
+            clients.join()
+    report = load["report"]
+    assert report.error_rate == 0, report.summary()
+    # KEDA's Prometheus scaler takes one sample (prometheus_scaler.go: more is an error, none is 0).
+    (in_flight,), (rate,) = answers["inflight"], answers["rps"]
+    assert 0.8 * CLIENTS <= float(in_flight["value"][1]) <= CLIENTS, answers
+    # rate() divides the increase it sees by the whole window: with SCRAPES seconds of a one-minute
+    # window sampled, it reads that share of the clients' rate (full after a minute of load).
+    share = float(rate["value"][1]) / report.requests_per_second
+    assert 0 < share <= 1, (answers, report.summary())
+    assert missed == {name: [] for name in wrong}, missed
+    print(f"in flight {float(in_flight['value'][1]):.2f} of {CLIENTS}; rps {float(rate['value'][1]):.2f} "
+          f"(clients: {report.requests_per_second:.1f}); {time.monotonic() - started:.1f} s")
