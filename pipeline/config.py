@@ -147,6 +147,17 @@ STRATEGY_SCHEMA = {
 }
 Strategy = Annotated[Union[StrategyName, dict[str, StrategyName]], BeforeValidator(_strategy_choice),
                      WithJsonSchema(STRATEGY_SCHEMA)]
+# trainer.train's --mixed-precision: float16 compute with float32 weights, `auto` where every GPU of a
+# worker supports it (compute capability >= 7.0; never on CPUs). PyYAML reads YAML 1.1, where an
+# unquoted on or off is a boolean: those are taken as the words.
+MixedPrecision = Literal["auto", "on", "off"]
+MIXED_PRECISION = get_args(MixedPrecision)
+
+
+def _on_or_off(value: Any) -> Any:
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
 Runtime = Literal["custom", "tensorflow"]
 RUNTIMES = get_args(Runtime)
 # What KServe's Standard mode scales on (HPA); concurrency and rps need Knative, which the stacks
@@ -233,7 +244,12 @@ class PipelineSettings(WithResources):
         None, description="parameter servers (TFJob PS replicas) per variant trained with strategy "
                           "parameter-server; default 1")
     epochs: Positive | None = Field(None, description="training epochs; default: the trainer's rule")
-    batch_size_per_replica: WholeNumber = Field(16, ge=1, description="batch size per worker")
+    batch_size_per_replica: WholeNumber = Field(
+        16, ge=1, description="batch size per replica: a worker's CPU, or each of its GPUs; the global batch "
+                              "is this times the replicas, and the learning rate follows it")
+    mixed_precision: Annotated[MixedPrecision, BeforeValidator(_on_or_off)] = Field(
+        "auto", description="float16 compute with float32 weights: auto (on where every GPU has compute "
+                            "capability >= 7.0, off on CPUs), on, or off; sync strategy only")
     steps_per_epoch: Positive | None = Field(
         None, description="steps per epoch; default: one pass over the training images")
     data_source: Text = Field(
@@ -291,6 +307,11 @@ class PipelineSettings(WithResources):
                 self.strategy_of(variant) == PARAMETER_SERVER for variant in self.variants):
             raise fail(f"applies only to strategy {PARAMETER_SERVER}; no variant trains so",
                        "parameterServers")
+        under_parameter_servers = [v for v in self.variants if self.strategy_of(v) == PARAMETER_SERVER]
+        if self.mixed_precision == "on" and under_parameter_servers:
+            raise fail(f"cannot be on while variants train with {PARAMETER_SERVER} "
+                       f"({', '.join(under_parameter_servers)}): tf-keras scales the loss of float16 "
+                       f"training under {SYNC} only; use auto (float32 there) or off", "mixedPrecision")
         return self
 
 

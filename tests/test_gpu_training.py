@@ -17,7 +17,7 @@ import tf_keras as keras
 from conftest import last_line
 
 from common import cli
-from pipeline.config import PipelineSettings
+from pipeline.config import MIXED_PRECISION, PipelineSettings
 from trainer import devices, models, train
 from trainer.cluster import LOCAL, ClusterSpec, parse_tf_config
 from trainer.devices import Gpu
@@ -101,6 +101,10 @@ def test_mixed_precision_on_under_parameter_servers_is_refused():
     with pytest.raises(cli.UsageError, match="--mixed-precision on: tf-keras cannot scale the loss under "
                                              "parameter servers"):
         train.precision_policy("on", [T4], PARAMETER_SERVERS)
+
+
+def test_the_pipeline_offers_the_trainers_choices():
+    assert MIXED_PRECISION == devices.MIXED_PRECISION_CHOICES
 
 
 def test_with_gpus_all_reduce_is_nccl_and_without_tensorflow_chooses(monkeypatch):
