@@ -8,7 +8,7 @@ import dataclasses
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.images import IMAGE_INPUTS, content_tag, image_build
+from infra.images import BASE_IMAGES, IMAGE_INPUTS, content_tag, image_build
 from pipeline.manifests import Images
 
 REPOSITORY_ID = "dist-ml"
@@ -41,8 +41,8 @@ class RegistryImages(pulumi.ComponentResource):
         registry = {"address": host, "username": TOKEN_USER,
                     "password": gcp.organizations.get_client_config_output().access_token}
         refs = {}
-        for image, inputs in IMAGE_INPUTS.items():
-            tag = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(inputs)}"
+        for image in BASE_IMAGES:
+            tag = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(IMAGE_INPUTS[image])}"
             pushed = image_build(f"{name}-{image}", image, [tag],
                                  pulumi.ResourceOptions(parent=self, depends_on=[repository]),
                                  platforms=[IMAGE_PLATFORM], push=True, registries=[registry])
