@@ -76,12 +76,25 @@ PREDICTOR_SERVICE_ACCOUNT = "dist-ml-predictor"
 ISVC_API_VERSION = "serving.kserve.io/v1beta1"
 
 
+class ImageMissing(ValueError):
+    """A pod needs an image the cluster target does not have."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Images:
     trainer: str = f"dist-ml/trainer:{IMAGE_TAG}"
     serving: str = f"dist-ml/serving:{IMAGE_TAG}"
+    # The trainer with CUDA (trainer-gpu/Dockerfile), for training pods given GPUs: only stacks whose
+    # training pool has GPUs build it.
+    trainer_gpu: str | None = None
 
-    def of(self, step: Step) -> str:
+    def of(self, step: Step, gpus: int = 0) -> str:
+        """The image of `step`'s pods; given GPUs, the trainer's is the GPU trainer image."""
+        if gpus and step.image == TRAINER_IMAGE:
+            if self.trainer_gpu is None:
+                raise ImageMissing(f"step {step.name}: its pods are given GPUs, which need the GPU trainer "
+                                   "image, and the cluster target has none")
+            return self.trainer_gpu
         return {TRAINER_IMAGE: self.trainer, SERVING_IMAGE: self.serving}[step.image]
 
 
@@ -123,6 +136,8 @@ class ClusterTarget:
 
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the extended resource NVIDIA's device plugin advertises
+# trainer.train's flag for the GPUs its pod was given: it fails at once if TensorFlow sees fewer.
+GPUS_FLAG = "--gpus"
 
 
 def storage_mount() -> dict:
@@ -131,12 +146,14 @@ def storage_mount() -> dict:
 
 def container(step: Step, name: str, images: Images, gpus: int = 0) -> dict:
     resources = step.resources.as_manifest()
+    command = step.command
     if gpus:
         # Extended resources cannot be overcommitted: Kubernetes requires requests equal to limits.
         for kind in ("requests", "limits"):
             resources[kind][GPU_RESOURCE] = gpus
-    return {"name": name, "image": images.of(step), "imagePullPolicy": "IfNotPresent",
-            "command": step.command, "volumeMounts": [storage_mount()], "resources": resources}
+        command = [*command, GPUS_FLAG, str(gpus)]
+    return {"name": name, "image": images.of(step, gpus), "imagePullPolicy": "IfNotPresent",
+            "command": command, "volumeMounts": [storage_mount()], "resources": resources}
 
 
 def pod_template(config: PipelineConfig, step: Step, target: ClusterTarget, labels: dict) -> dict:
