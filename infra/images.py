@@ -19,7 +19,7 @@ from pulumi_command import local
 from pipeline.manifests import Images
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The trainer with TensorFlow's CUDA libraries (about 3.5 GB more), for training pods given GPUs: only
+# The trainer with TensorFlow's CUDA libraries (gigabytes more), for training pods given GPUs: only
 # a stack whose training pool has GPUs builds it (k3d never does).
 GPU_TRAINER_IMAGE = "trainer-gpu"
 # What each image's Dockerfile (<image>/Dockerfile) copies in.

@@ -171,12 +171,12 @@ def test_the_gpu_lock_is_the_trainers_plus_tensorflows_cuda_wheels_and_nothing_e
     assert [name for name, version in added.items() if not cuda[name].specifier.contains(version)] == []
 
 
-@pytest.mark.slow  # asks the package registry: about 30 MB of index pages and wheel metadata, ~20 s
+@pytest.mark.slow  # asks the package registry (index pages and wheel metadata only)
 def test_the_gpu_lock_is_closed_under_dependencies_by_pips_resolver(tmp_path):
     """pip resolves the GPU lock (with dependencies, for this Linux and Python 3.11, as the image's
     python:3.11-slim) to exactly itself, so the image's `pip install --no-deps` then `pip check` pass.
     fast-deps reads each wheel's metadata by HTTP range requests where the index serves no PEP 658
-    metadata file, instead of downloading the CUDA wheels (3.5 GB)."""
+    metadata file, instead of downloading the CUDA wheels' gigabytes (docs/results/gpu.md)."""
     report = tmp_path / "report.json"
     result = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",

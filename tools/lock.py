@@ -121,6 +121,7 @@ def lock_path(image: str) -> Path:
 
 def lock_extended_image(image: str) -> Path:
     """Writes the lock of one of EXTENDED_IMAGES from its base image's committed lock."""
+    check_platform()
     base, extras = EXTENDED_IMAGES[image]
     base_pins = read_lock(lock_path(base))
     pins = resolve(project_requirements(extras), constraints=lock_path(base))
