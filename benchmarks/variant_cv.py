@@ -70,9 +70,9 @@ def trained_model(variant: str, training: Split, seed: int, epochs: int | None) 
     keras.utils.set_random_seed(seed)
     epochs = epochs or max(train.MIN_EPOCHS, math.ceil(train.MIN_EXAMPLES_SEEN / len(training)))
     steps_per_epoch = max(1, len(training) // GLOBAL_BATCH)
-    model = train.compiled_model(variant, train.DEFAULT_LEARNING_RATE,
-                                 steps_per_execution=steps_per_epoch)
-    schedule = train.cosine_schedule(train.DEFAULT_LEARNING_RATE, epochs)
+    learning_rate = train.scaled_learning_rate(train.DEFAULT_LEARNING_RATE, GLOBAL_BATCH)
+    model = train.compiled_model(variant, learning_rate, steps_per_execution=steps_per_epoch)
+    schedule = train.cosine_schedule(learning_rate, epochs)
     model.fit(data.training_dataset(training, GLOBAL_BATCH), epochs=epochs,
               steps_per_epoch=steps_per_epoch, verbose=0,
               callbacks=[keras.callbacks.LearningRateScheduler(schedule)])

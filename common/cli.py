@@ -37,6 +37,7 @@ def checked(name: str, parse: Callable[[str], Number], holds: Callable[[Number],
 
 
 positive_int = checked("positive_int", int, lambda value: value >= 1, "a positive integer")
+non_negative_int = checked("non_negative_int", int, lambda value: value >= 0, "a whole number >= 0")
 positive_float = checked("positive_float", float, lambda value: value > 0, "a positive number")
 non_negative_float = checked("non_negative_float", float, lambda value: 0 <= value < math.inf,
                              "a finite number >= 0")

@@ -14,6 +14,12 @@ from infra.network import PODS_RANGE_NAME, SERVICES_RANGE_NAME, GkeNetwork
 # GKE's own taint on GPU nodes, and ours on spot nodes: only training pods tolerate them.
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}
+# The NVIDIA driver GKE installs on a GPU node (gpu_driver_installation_config): the DEFAULT or the
+# LATEST one for the node's GKE version (LATEST on Container-Optimized OS only, the image the pools
+# run). Left unset, GKE decides by its version: the provider's docs say it installs the default driver
+# since 1.30.1-gke.1156000 and none before, the API reference still says none. A node without a driver
+# never advertises nvidia.com/gpu, so the pods that ask for one wait until their step times out.
+GPU_DRIVER_VERSIONS = ("DEFAULT", "LATEST")
 NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]  # access is IAM's, via Workload Identity
 KUBERNETES_TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule"}
 # Our label on every node, `dist-ml/pool: <pool name>`: GKE's own (cloud.google.com/gke-nodepool)
@@ -91,6 +97,7 @@ class NodePoolArgs:
     spot: bool = False
     accelerator_type: str | None = None
     accelerator_count: int = 0
+    gpu_driver_version: str = GPU_DRIVER_VERSIONS[0]  # with accelerators: the driver GKE installs
 
     @property
     def taints(self) -> list[dict]:
@@ -100,6 +107,13 @@ class NodePoolArgs:
     def gpus(self) -> int:
         """The GPUs of one node, all of which a pod placed on it asks for."""
         return self.accelerator_count if self.accelerator_type else 0
+
+    def guest_accelerators(self) -> list[dict]:
+        """The node config's accelerators: the GPUs, and the driver GKE installs for them."""
+        if not self.accelerator_type:
+            return []
+        return [{"type": self.accelerator_type, "count": self.accelerator_count,
+                 "gpu_driver_installation_config": {"gpu_driver_version": self.gpu_driver_version}}]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,8 +202,7 @@ class GkeCluster(pulumi.ComponentResource):
                     "workload_metadata_config": {"mode": "GKE_METADATA"},
                     "labels": node_selector(pool_name),
                     "taints": pool.taints,
-                    "guest_accelerators": ([{"type": pool.accelerator_type, "count": pool.accelerator_count}]
-                                           if pool.accelerator_type else []),
+                    "guest_accelerators": pool.guest_accelerators(),
                 },
                 # Nodes without their grants would start unable to pull images or write logs.
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_grants),

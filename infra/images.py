@@ -1,5 +1,5 @@
-"""The trainer and serving images, built with pulumi-docker-build (BuildKit: its cache, the image's
-digest) and imported into the k3d cluster.
+"""The trainer and serving images (and, for training pools with GPUs, the GPU trainer image), built
+with pulumi-docker-build (BuildKit: its cache, the image's digest) and imported into the k3d cluster.
 
 Each image is tagged with a digest of what goes into it, so a code change is a new tag: the pods'
 specs change and roll, and an unchanged tree rebuilds nothing.
@@ -19,12 +19,18 @@ from pulumi_command import local
 from pipeline.manifests import Images
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# What each image's Dockerfile copies in.
+# The trainer with TensorFlow's CUDA libraries (gigabytes more), for training pods given GPUs: only
+# a stack whose training pool has GPUs builds it (k3d never does).
+GPU_TRAINER_IMAGE = "trainer-gpu"
+# What each image's Dockerfile (<image>/Dockerfile) copies in.
 IMAGE_INPUTS = {
     "trainer": ("trainer/Dockerfile", "requirements/trainer.txt", "common", "trainer"),
     "serving": ("serving/Dockerfile", "requirements/serving.txt", "common", "trainer", "serving",
                 "cluster_steps"),
+    GPU_TRAINER_IMAGE: ("trainer-gpu/Dockerfile", "requirements/trainer-gpu.txt", "common", "trainer"),
 }
+# What every stack builds.
+BASE_IMAGES = ("trainer", "serving")
 IMAGE_REPOSITORY = "dist-ml/{image}"
 
 
@@ -69,7 +75,7 @@ class LocalImages(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: LocalImagesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:LocalImages", name, None, opts)
-        refs = {image: image_ref(image) for image in IMAGE_INPUTS}
+        refs = {image: image_ref(image) for image in BASE_IMAGES}
         self.imported = []
         for image, ref in refs.items():
             build = image_build(f"{name}-{image}-build", image, [ref],

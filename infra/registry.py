@@ -1,5 +1,6 @@
-"""An Artifact Registry repository, and the trainer and serving images built (pulumi-docker-build) and
-pushed to it; pods use them by digest, so what runs is exactly what was pushed."""
+"""An Artifact Registry repository, and the trainer and serving images (and the GPU trainer image when
+training runs on GPUs) built (pulumi-docker-build) and pushed to it; pods use them by digest, so what
+runs is exactly what was pushed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.images import IMAGE_INPUTS, content_tag, image_build
+from infra.images import BASE_IMAGES, GPU_TRAINER_IMAGE, IMAGE_INPUTS, content_tag, image_build
 from pipeline.manifests import Images
 
 REPOSITORY_ID = "dist-ml"
@@ -23,6 +24,7 @@ IMAGE_PLATFORM = "linux/amd64"
 class RegistryImagesArgs:
     project: str
     region: str
+    gpu_training: bool = False  # training pods are given GPUs: build the GPU trainer image too
 
 
 class RegistryImages(pulumi.ComponentResource):
@@ -41,13 +43,12 @@ class RegistryImages(pulumi.ComponentResource):
         registry = {"address": host, "username": TOKEN_USER,
                     "password": gcp.organizations.get_client_config_output().access_token}
         refs = {}
-        for image, inputs in IMAGE_INPUTS.items():
-            tag = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(inputs)}"
+        for image in (*BASE_IMAGES, *([GPU_TRAINER_IMAGE] if args.gpu_training else [])):
+            tag = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(IMAGE_INPUTS[image])}"
             pushed = image_build(f"{name}-{image}", image, [tag],
                                  pulumi.ResourceOptions(parent=self, depends_on=[repository]),
                                  platforms=[IMAGE_PLATFORM], push=True, registries=[registry])
             refs[image] = pushed.ref  # the tag with the pushed digest: <tag>@sha256:...
-        self.images = pulumi.Output.all(refs["trainer"], refs["serving"]).apply(
-            lambda pushed: Images(trainer=pushed[0], serving=pushed[1]))
-        self.register_outputs({"repository": repository.name, "trainer": refs["trainer"],
-                               "serving": refs["serving"]})
+        self.images = pulumi.Output.all(**refs).apply(lambda pushed: Images(
+            trainer=pushed["trainer"], serving=pushed["serving"], trainer_gpu=pushed.get(GPU_TRAINER_IMAGE)))
+        self.register_outputs({"repository": repository.name, **refs})

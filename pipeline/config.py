@@ -157,6 +157,17 @@ STRATEGY_SCHEMA = {
 Strategy = Annotated[Union[StrategyName, dict[str, StrategyName]], BeforeValidator(_strategy_choice),
                      WithJsonSchema(STRATEGY_SCHEMA)]
 Engine = Literal[TRAINJOB_ENGINE, TFJOB_ENGINE]
+# trainer.train's --mixed-precision: float16 compute with float32 weights, `auto` where every GPU of a
+# worker supports it (compute capability >= 7.0; never on CPUs). PyYAML reads YAML 1.1, where an
+# unquoted on or off is a boolean: those are taken as the words.
+MixedPrecision = Literal["auto", "on", "off"]
+MIXED_PRECISION = get_args(MixedPrecision)
+
+
+def _on_or_off(value: Any) -> Any:
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
 Runtime = Literal["custom", "tensorflow"]
 RUNTIMES = get_args(Runtime)
 # What the predictor scales on (docs/concepts/serving.md). The load metrics are our server's own,
@@ -314,7 +325,12 @@ class PipelineSettings(WithResources):
         None, description="parameter servers (TFJob PS replicas) per variant trained with strategy "
                           "parameter-server; default 1")
     epochs: Positive | None = Field(None, description="training epochs; default: the trainer's rule")
-    batch_size_per_replica: WholeNumber = Field(16, ge=1, description="batch size per worker")
+    batch_size_per_replica: WholeNumber = Field(
+        16, ge=1, description="batch size per replica: a worker's CPU, or each of its GPUs; the global batch "
+                              "is this times the replicas, and the learning rate follows it")
+    mixed_precision: Annotated[MixedPrecision, BeforeValidator(_on_or_off)] = Field(
+        "auto", description="float16 compute with float32 weights: auto (on where every GPU has compute "
+                            "capability >= 7.0, off on CPUs), on, or off; sync strategy only")
     steps_per_epoch: Positive | None = Field(
         None, description="steps per epoch; default: one pass over the training images")
     data_source: Text = Field(
@@ -377,6 +393,11 @@ class PipelineSettings(WithResources):
                        "parameterServers")
         if self.engine == TRAINJOB_ENGINE:
             self._trainjob_names_fit()
+        under_parameter_servers = [v for v in self.variants if self.strategy_of(v) == PARAMETER_SERVER]
+        if self.mixed_precision == "on" and under_parameter_servers:
+            raise fail(f"cannot be on while variants train with {PARAMETER_SERVER} "
+                       f"({', '.join(under_parameter_servers)}): tf-keras scales the loss of float16 "
+                       f"training under {SYNC} only; use auto (float32 there) or off", "mixedPrecision")
         return self
 
     def _trainjob_names_fit(self) -> None:

@@ -179,7 +179,8 @@ def ingest_step(config: PipelineConfig, layout: Layout) -> Step:
 def train_step(config: PipelineConfig, layout: Layout, variant: str) -> Step:
     args = ["--model", variant, "--data-dir", layout.data,
             "--checkpoint-dir", layout.checkpoints(variant), "--export-dir", layout.export(variant),
-            "--batch-size-per-replica", str(config.batch_size_per_replica)]
+            "--batch-size-per-replica", str(config.batch_size_per_replica),
+            "--mixed-precision", config.mixed_precision]
     if config.epochs is not None:
         args += ["--epochs", str(config.epochs)]
     if config.steps_per_epoch is not None:

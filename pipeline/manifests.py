@@ -100,13 +100,32 @@ PREDICTOR_SERVICE_ACCOUNT = "dist-ml-predictor"
 ISVC_API_VERSION = "serving.kserve.io/v1beta1"
 
 
+class ImageMissing(ValueError):
+    """A pod needs an image the cluster target does not have."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Images:
     trainer: str = f"dist-ml/trainer:{IMAGE_TAG}"
     serving: str = f"dist-ml/serving:{IMAGE_TAG}"
+    # The trainer with CUDA (trainer-gpu/Dockerfile), for training pods given GPUs: only stacks whose
+    # training pool has GPUs build it.
+    trainer_gpu: str | None = None
 
-    def of(self, step: Step) -> str:
-        return {TRAINER_IMAGE: self.trainer, SERVING_IMAGE: self.serving}[step.image]
+    def trainer_for(self, gpus: int, pods: str) -> str:
+        """The trainer image of `pods` given `gpus` GPUs each: the GPU trainer image when any."""
+        if not gpus:
+            return self.trainer
+        if self.trainer_gpu is None:
+            raise ImageMissing(f"{pods}: its pods are given GPUs, which need the GPU trainer image, and the "
+                               "cluster target has none")
+        return self.trainer_gpu
+
+    def of(self, step: Step, gpus: int = 0) -> str:
+        """The image of `step`'s pods; given GPUs, the trainer's is the GPU trainer image."""
+        if step.image == TRAINER_IMAGE:
+            return self.trainer_for(gpus, f"step {step.name}")
+        return {SERVING_IMAGE: self.serving}[step.image]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +167,8 @@ class ClusterTarget:
 
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the extended resource NVIDIA's device plugin advertises
+# trainer.train's flag for the GPUs its pod was given: it fails at once if TensorFlow sees fewer.
+GPUS_FLAG = "--gpus"
 
 
 def storage_mount() -> dict:
@@ -163,9 +184,15 @@ def with_gpus(resources: dict, gpus: int) -> dict:
     return resources
 
 
+def gpus_command(command: list[str], gpus: int) -> list[str]:
+    """A training command told the GPUs its pod was given (trainer.train --gpus: a pod whose
+    TensorFlow sees fewer fails at once, in one line, rather than training on the CPU)."""
+    return [*command, GPUS_FLAG, str(gpus)] if gpus else list(command)
+
+
 def container(step: Step, name: str, images: Images, gpus: int = 0) -> dict:
-    return {"name": name, "image": images.of(step), "imagePullPolicy": "IfNotPresent",
-            "command": step.command, "volumeMounts": [storage_mount()],
+    return {"name": name, "image": images.of(step, gpus), "imagePullPolicy": "IfNotPresent",
+            "command": gpus_command(step.command, gpus), "volumeMounts": [storage_mount()],
             "resources": with_gpus(step.resources.as_manifest(), gpus)}
 
 
@@ -394,9 +421,9 @@ def runtime_pod(target: ClusterTarget, container_spec: dict) -> dict:
     return {"metadata": metadata, "spec": spec}
 
 
-def runtime_container(name: str, target: ClusterTarget, parameter_servers: int, **fields: object) -> dict:
+def runtime_container(name: str, image: str, parameter_servers: int, **fields: object) -> dict:
     port = {"name": tf_cluster.TF_PORT_NAME, "containerPort": tf_cluster.TF_PORT, "protocol": "TCP"}
-    return {"name": name, "image": target.images.trainer, "imagePullPolicy": "IfNotPresent",
+    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent",
             "env": jobset_pod_env(parameter_servers), "ports": [port], "volumeMounts": [storage_mount()],
             **fields}
 
@@ -421,15 +448,18 @@ def training_runtime(config: PipelineConfig, target: ClusterTarget, parameter_se
     without a framework is Trainer's PlainML: it sets numNodes and the TrainJob's env, nothing else.
     """
     nodes = tf_cluster.jobset_replicas(config.workers, parameter_servers)[tf_cluster.NODE_JOB]
-    worker = with_gpus(config.trainer_resources.as_manifest(), target.training_gpus)
-    node = runtime_container(NODE_CONTAINER, target, parameter_servers, resources=worker)
+    gpus = target.training_gpus
+    image = target.images.trainer_for(gpus, runtime_name(parameter_servers))
+    node = runtime_container(NODE_CONTAINER, image, parameter_servers,
+                             resources=with_gpus(config.trainer_resources.as_manifest(), gpus))
     node_job = one_try_job(runtime_pod(target, node))
     replicated_jobs = [{"name": tf_cluster.NODE_JOB, "template": {
         "metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}}, "spec": node_job}}]
     if parameter_servers:
         node_job["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}  # the chief's
-        ps_container = runtime_container(PS_CONTAINER, target, parameter_servers, command=PS_COMMAND,
-                                         resources=config.trainer_resources.as_manifest())
+        # Parameter servers hold variables and compute no steps: no GPU, the CPU image.
+        ps_container = runtime_container(PS_CONTAINER, target.images.trainer, parameter_servers,
+                                         command=PS_COMMAND, resources=config.trainer_resources.as_manifest())
         ps_job = one_try_job(runtime_pod(target, ps_container), parallelism=parameter_servers,
                              completions=parameter_servers)
         replicated_jobs.append({"name": tf_cluster.PS_JOB, "template": {"spec": ps_job}})
@@ -460,15 +490,16 @@ def trainjob(config: PipelineConfig, step: Step, target: ClusterTarget, name: st
     its pods at once, or none): the step's command on `numNodes` node pods with a worker's resources.
     Its default name is the workflow's plus the step's, so that every run creates its own."""
     nodes = tf_cluster.jobset_replicas(step.replicas, step.parameter_servers)[tf_cluster.NODE_JOB]
+    gpus = target.training_gpus
     labels = {QUEUE_NAME_LABEL: TRAINING_QUEUE, WORKFLOW_LABEL: WORKFLOW_NAME, **PART_OF}
     spec: dict = {
         "runtimeRef": {"apiGroup": TRAINJOB_API_VERSION.partition("/")[0], "kind": "ClusterTrainingRuntime",
                        "name": runtime_name(step.parameter_servers)},
         # The same resources as the runtime's node container: Kueue v0.19.2 counts resourcesPerNode alone
         # (it vendors Trainer v2.2.1, which replaced the runtime's with it), Trainer v2.3.0 merges them.
-        "trainer": {"image": target.images.of(step), "command": step.command, "numNodes": nodes,
-                    "env": [num_nodes_env(nodes)],
-                    "resourcesPerNode": with_gpus(step.resources.as_manifest(), target.training_gpus)},
+        "trainer": {"image": target.images.of(step, gpus), "command": gpus_command(step.command, gpus),
+                    "numNodes": nodes, "env": [num_nodes_env(nodes)],
+                    "resourcesPerNode": with_gpus(step.resources.as_manifest(), gpus)},
     }
     if step.parameter_servers:
         ps_pods = {"name": tf_cluster.PS_JOB, "template": {"spec": {"template": {"spec": {

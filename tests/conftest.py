@@ -137,10 +137,13 @@ def two_worker_export(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="session")
 def one_worker_export(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A `cnn_batchnorm` trained for a few steps by one local worker (no TF_CONFIG)."""
+    """A `cnn_batchnorm` trained for a few steps by one local worker (no TF_CONFIG), in mixed precision
+    (float16 compute, as on a GPU, here on the CPU): what selects, ensembles and serves it sees such an
+    export too."""
     def train(work_dir: Path) -> None:
         result = run_module("trainer.train", *train_args(
-            "cnn_batchnorm", data_dir, work_dir, "--epochs", "1", "--steps-per-epoch", "3"))
+            "cnn_batchnorm", data_dir, work_dir, "--epochs", "1", "--steps-per-epoch", "3",
+            "--mixed-precision", "on"))
         assert result.returncode == 0, result.stderr[-3000:]
 
     return built_once(tmp_path_factory, "one-worker", train) / "export"

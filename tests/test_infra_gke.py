@@ -246,7 +246,9 @@ def test_node_pools_follow_the_config_and_only_gpu_pools_bring_gpu_tolerations(g
     assert set(pools) == {"cluster-cpu-pool", "cluster-gpu-pool"}
     assert pools["cluster-cpu-pool"]["autoscaling"] == {"totalMinNodeCount": 2, "totalMaxNodeCount": 7}
     gpu = pools["cluster-gpu-pool"]["nodeConfig"]
-    assert gpu["guestAccelerators"] == [{"type": "nvidia-l4", "count": 2}]
+    # The driver set, not left to the GKE version's default (docs/guides/deploy-gke.md#gpus).
+    assert gpu["guestAccelerators"] == [{"type": "nvidia-l4", "count": 2,
+                                         "gpuDriverInstallationConfig": {"gpuDriverVersion": "DEFAULT"}}]
     assert gpu["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
     assert gpu["labels"] == {"dist-ml/pool": "gpu"}
     pod = training_pod(rendered)
@@ -255,6 +257,73 @@ def test_node_pools_follow_the_config_and_only_gpu_pools_bring_gpu_tolerations(g
     resources = trainer_resources(pod)
     # All of a node's GPUs, requested as limited: Kubernetes refuses extended resources otherwise.
     assert resources["limits"]["nvidia.com/gpu"] == 2 and resources["requests"]["nvidia.com/gpu"] == 2
+
+
+GPU_STACK = {"kind": "gke", "trainingPool": None, "nodePools": {"spot": {"enabled": False}, "gpu": {
+    "enabled": True, "acceleratorType": "nvidia-l4", "acceleratorCount": 2, "machineType": "g2-standard-24",
+    "driverVersion": "LATEST"}}}
+REGISTRY = rf"us-central1-docker\.pkg\.dev/{PROJECT}/dist-ml"
+PUSHED = r":[0-9a-f]{12}@sha256:[0-9a-f]{64}"  # the tag, and the digest it was pushed with
+
+
+@pytest.fixture(scope="module")
+def gpu_stack() -> render.Rendered:
+    return render.render("gke", gke_values(cluster=GPU_STACK))
+
+
+def test_the_gpu_pool_has_its_driver_installed_as_configured(gpu_stack):
+    (accelerator,) = pools_of(gpu_stack)["cluster-gpu-pool"]["nodeConfig"]["guestAccelerators"]
+    assert accelerator["gpuDriverInstallationConfig"] == {"gpuDriverVersion": "LATEST"}
+
+
+def test_training_pods_on_gpus_run_the_gpu_image_ask_for_every_gpu_and_check_them(gpu_stack, validate_crd):
+    from trainer import train
+
+    builds = {r.name: r.inputs for r in gpu_stack.of_type(render.IMAGE_BUILD)}
+    assert set(builds) == {"images-trainer", "images-serving", "images-trainer-gpu"}
+    assert builds["images-trainer-gpu"]["dockerfile"]["location"].endswith("trainer-gpu/Dockerfile")
+    assert re.fullmatch(rf"{REGISTRY}/trainer-gpu{PUSHED}", gpu_stack.outputs["images"]["trainerGpu"])
+    (template,) = objects_of(gpu_stack, "WorkflowTemplate")
+    for step in TRAIN_STEPS:
+        pod = training_pod(gpu_stack, step)
+        (container,) = pod["spec"]["containers"]
+        assert re.fullmatch(rf"{REGISTRY}/trainer-gpu{PUSHED}", container["image"]), step
+        # requests = limits = the node's GPUs (Kubernetes refuses extended resources otherwise).
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 2, step
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == 2, step
+        assert pod["spec"]["tolerations"] == [GPU_TOLERATION] and pod["spec"]["nodeSelector"] == {
+            "dist-ml/pool": "gpu"}, step
+        # The trainer is told its GPUs, so that it refuses to train without them.
+        assert container["command"][:3] == ["python", "-m", "trainer.train"]
+        assert train.parse_args(container["command"][3:]).gpus == 2, step
+    steps = {t["name"]: t for t in template["spec"]["templates"]}
+    for step in ("ingest", "select"):  # no GPU: the CPU trainer image
+        assert re.fullmatch(rf"{REGISTRY}/trainer{PUSHED}", steps[step]["container"]["image"]), step
+    assert validate_all(gpu_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+
+
+def test_only_training_pods_ask_for_gpus(gpu_stack):
+    """Every nvidia.com/gpu request or limit anywhere in the stack is a training node's: in each
+    TrainJob's resourcesPerNode and in the runtime's node container; and the queue's quota."""
+    asked = [path for resource in gpu_stack.resources for path in flatten(resource.inputs)
+             if path.endswith(".nvidia.com/gpu")]
+    in_trainjobs = [path for path in asked if ".spec.trainer.resourcesPerNode." in path]
+    in_runtime = [path for path in asked if ".replicatedJobs[0].template.spec.template.spec.containers[0]"
+                  ".resources." in path]
+    assert len(in_trainjobs) == 2 * len(TRAIN_STEPS)  # requests and limits, one TrainJob per variant
+    assert len(in_runtime) == 2 and sorted(in_trainjobs + in_runtime) == sorted(asked)
+    (runtime,) = objects_of(gpu_stack, "ClusterTrainingRuntime")
+    assert runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] == "node"
+
+
+def test_without_gpus_to_train_on_no_gpu_image_is_built(gke_stack):
+    assert "images-trainer-gpu" not in {r.name for r in gke_stack.of_type(render.IMAGE_BUILD)}
+    assert "trainerGpu" not in gke_stack.outputs["images"]
+    # A gpu pool that training does not use (trainingPool: spot) builds none either.
+    spot = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "spot", "nodePools": {
+        "spot": {"enabled": True}, "gpu": {"enabled": True}}}))
+    assert "images-trainer-gpu" not in {r.name for r in spot.of_type(render.IMAGE_BUILD)}
+    assert "--gpus" not in training_pod(spot)["spec"]["containers"][0]["command"]
 
 
 def test_training_runs_on_the_spot_pool_when_there_is_one_and_on_demand_otherwise(gke_stack):

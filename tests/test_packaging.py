@@ -4,8 +4,10 @@ and that what the image runs imports only what its lock installs."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,7 +41,10 @@ MUST_LEAVE_OUT = {
 # The modules each image runs, and so everything they import must be in its lock. serving.loadtest
 # is the load generator: it runs from the dev venv against a server (aiohttp, matplotlib).
 DEV_TOOLS = {"serving.loadtest"}
-IMAGE_PACKAGES = {"trainer": ("trainer",), "serving": ("serving", "cluster_steps")}
+IMAGE_PACKAGES = {"trainer": ("trainer",), "serving": ("serving", "cluster_steps"),
+                  "trainer-gpu": ("trainer",)}
+GPU_IMAGE = "trainer-gpu"
+ALL_IMAGES = (*lock.IMAGES, *lock.EXTENDED_IMAGES)
 
 
 def lock_of(image: str) -> dict[str, str]:
@@ -78,7 +83,7 @@ def test_pip_install_yields_the_projects_packages_and_nothing_else(tmp_path: Pat
 
     metadata = next(target.glob("dist_ml-*.dist-info")) / "METADATA"
     extras = set(re.findall(r"^Provides-Extra: (\S+)$", metadata.read_text(), re.MULTILINE))
-    assert extras == {"train", "serve", "infra", "dev"}
+    assert extras == {"train", "train-gpu", "serve", "infra", "dev"}
 
     imported = subprocess.run(
         [sys.executable, "-c", "import common.cli, common.ports, trainer.serving_contract as c; "
@@ -101,7 +106,8 @@ def test_the_dev_extra_expands_the_projects_own_extras() -> None:
 @pytest.mark.parametrize("extras, lock_path", [
     (("dev",), lock.DEV_LOCK),
     *((extras, lock.LOCK_DIR / f"{image}.txt") for image, extras in lock.IMAGES.items()),
-], ids=["dev", *lock.IMAGES])
+    *((extras, lock.LOCK_DIR / f"{image}.txt") for image, (_, extras) in lock.EXTENDED_IMAGES.items()),
+], ids=["dev", *lock.IMAGES, *lock.EXTENDED_IMAGES])
 def test_every_direct_pin_is_in_its_lock_at_its_version(extras: tuple[str, ...], lock_path: Path) -> None:
     """A pin changed in pyproject.toml without `make lock` fails here."""
     locked = {lock.normalize(name): version for name, version in lock.read_lock(lock_path).items()}
@@ -142,6 +148,44 @@ def test_each_image_lock_is_closed_under_dependencies(image: str) -> None:
             if found is None or not requirement.specifier.contains(found, prereleases=True):
                 unsatisfied.append(f"{name} requires {requirement} (lock: {found})")
     assert not unsatisfied
+
+
+def cuda_extra() -> dict[str, Requirement]:
+    """What TensorFlow's `and-cuda` extra adds, by PEP 503 name, from the dev venv's TensorFlow (the
+    locked version)."""
+    requirements = [Requirement(text) for text in importlib.metadata.requires("tensorflow") or ()]
+    return {lock.normalize(r.name): r for r in requirements
+            if r.marker is not None and r.marker.evaluate({"extra": "and-cuda"})
+            and not r.marker.evaluate({"extra": ""})}
+
+
+def test_the_gpu_lock_is_the_trainers_plus_tensorflows_cuda_wheels_and_nothing_else():
+    """Every distribution the GPU and CPU trainer images share has the same version (what the tests ran),
+    and the GPU image adds only what tensorflow[and-cuda] names, at versions it accepts. Offline and
+    without the CUDA wheels' gigabytes; their own dependencies: the slow resolver run below."""
+    base, _ = lock.EXTENDED_IMAGES[GPU_IMAGE]
+    gpu, trainer, cuda = lock_of(GPU_IMAGE), lock_of(base), cuda_extra()
+    assert lock.outside(trainer, gpu) == []
+    added = {name: version for name, version in gpu.items() if name not in trainer}
+    assert set(added) == set(cuda) and "nvidia-cudnn-cu12" in added
+    assert [name for name, version in added.items() if not cuda[name].specifier.contains(version)] == []
+
+
+@pytest.mark.slow  # asks the package registry (index pages and wheel metadata only)
+def test_the_gpu_lock_is_closed_under_dependencies_by_pips_resolver(tmp_path):
+    """pip resolves the GPU lock (with dependencies, for this Linux and Python 3.11, as the image's
+    python:3.11-slim) to exactly itself, so the image's `pip install --no-deps` then `pip check` pass.
+    fast-deps reads each wheel's metadata by HTTP range requests where the index serves no PEP 658
+    metadata file, instead of downloading the CUDA wheels' gigabytes (docs/results/gpu.md)."""
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--use-feature=fast-deps", "--report", str(report), "-r", str(lock.LOCK_DIR / f"{GPU_IMAGE}.txt")],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resolved = {lock.normalize(item["metadata"]["name"]): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    assert resolved == lock_of(GPU_IMAGE)
 
 
 def modules_under(*prefixes: str) -> list[str]:
@@ -186,7 +230,7 @@ def third_party_imports(modules: set[str]) -> dict[str, str]:
     return found_in
 
 
-@pytest.mark.parametrize("image", lock.IMAGES)
+@pytest.mark.parametrize("image", ALL_IMAGES)
 def test_every_import_of_an_image_resolves_to_a_distribution_in_its_lock(image: str) -> None:
     modules = modules_run_by(image)
     copied = {top for top in IMAGE_INPUTS[image] if (REPO_ROOT / top).is_dir()}
@@ -219,7 +263,7 @@ def dockerfile_copies(image: str) -> tuple[str, set[str]]:
     return locks[0], set(flat) - set(locks)
 
 
-@pytest.mark.parametrize("image", lock.IMAGES)
+@pytest.mark.parametrize("image", IMAGE_INPUTS)
 def test_image_inputs_are_what_each_dockerfile_copies(image: str) -> None:
     """The content tag digests IMAGE_INPUTS, so a file the build uses and the tag misses would let a
     changed image keep its tag."""
@@ -254,11 +298,12 @@ SIMULATED_IMAGE = textwrap.dedent("""
 """)
 
 
-def run_as_image(image: str, code: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_as_image(image: str, code: str, cwd: Path, env: dict[str, str] | None = None,
+                 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", SIMULATED_IMAGE, str(lock.LOCK_DIR / f"{image}.txt"), code],
         capture_output=True, text=True, cwd=cwd, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"},
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})},
     )
 
 
@@ -273,6 +318,34 @@ def test_the_trainer_images_modules_import_with_its_lock_alone(tmp_path: Path) -
     modules = sorted(name for name in modules_run_by("trainer") if name.startswith("trainer."))
     result = run_as_image("trainer", f"import {', '.join(modules)}", tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def dockerfile_env(image: str) -> dict[str, str]:
+    """The variables a Dockerfile's ENV lines set (continuation lines joined)."""
+    text = (REPO_ROOT / image / "Dockerfile").read_text().replace("\\\n", " ")
+    return dict(item.split("=", 1) for line in text.splitlines() if line.startswith("ENV ")
+                for item in shlex.split(line)[1:])
+
+
+@pytest.mark.slow  # imports TensorFlow and tf-keras in a subprocess
+def test_the_gpu_images_trainer_without_gpu_libraries_stops_in_one_line_naming_them(tmp_path):
+    """The GPU image's modules import with its lock alone, and on a node whose GPU TensorFlow cannot
+    reach (here: none, no CUDA wheels, no driver) the trainer refuses at once, naming what is missing
+    and the library path the image sets."""
+    modules = sorted(name for name in modules_run_by(GPU_IMAGE) if name.startswith("trainer."))
+    argv = ["--model", "cnn", "--data-dir", "data", "--checkpoint-dir", "c", "--export-dir", "e",
+            "--gpus", "2"]
+    env = dockerfile_env(GPU_IMAGE)
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"  # where GKE mounts the driver's libraries
+    result = run_as_image(GPU_IMAGE, f"import {', '.join(modules)}\nfrom trainer import train\n"
+                                     f"train.run({argv!r})", tmp_path,
+                          env={"LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"]})
+    assert result.returncode == 1, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("train: error: given 2 GPUs (--gpus 2), TensorFlow sees none: the CUDA libraries "
+                           "of tensorflow[and-cuda] are not installed (no nvidia-"), line
+    assert "does not load with LD_LIBRARY_PATH='/usr/local/nvidia/lib64'" in line
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow  # exports a model, then loads it in a subprocess

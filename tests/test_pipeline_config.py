@@ -119,6 +119,11 @@ BAD_CONFIGS = [
     ({"pipeline": {"parameterServers": 2}},
      "pipeline.parameterServers: applies only to strategy parameter-server; no variant trains so"),
     ({"pipeline": {"strategy": {"cnn": "sync"}, "parameterServers": 1}}, "pipeline.parameterServers"),
+    ({"pipeline": {"mixedPrecision": "fp16"}}, "pipeline.mixedPrecision: must be one of auto, on, off"),
+    ({"pipeline": {"mixedPrecision": None}}, "pipeline.mixedPrecision"),
+    ({"pipeline": {"mixedPrecision": "on", "variants": ["cnn", "cnn_gap"],
+                   "strategy": {"cnn_gap": "parameter-server"}}},
+     "pipeline.mixedPrecision: cannot be on while variants train with parameter-server (cnn_gap)"),
 ]
 
 
@@ -144,6 +149,18 @@ def test_the_promotion_margin_defaults_to_not_worse_and_reaches_select():
     assert parse_config({"pipeline": {"promotion": {"minImprovement": 1}}}).promotion.min_improvement == 1.0
     (select,) = [step for step in build_steps(config, "/data") if step.name == "select"]
     assert select.args[-2:] == ("--min-improvement", "0.005")
+
+
+def test_mixed_precision_is_auto_by_default_and_reaches_every_training_step():
+    from pipeline.definition import build_steps
+
+    assert parse_config(None).mixed_precision == "auto"
+    # YAML 1.1 (PyYAML) reads an unquoted on or off as a boolean: taken as the word.
+    for text, choice in (("on", "on"), ("off", "off"), ("'on'", "on"), ("auto", "auto")):
+        config = parse_config(yaml.safe_load(f"pipeline: {{mixedPrecision: {text}}}"))
+        assert config.mixed_precision == choice
+        trains = [step.args for step in build_steps(config, "/data") if step.name.startswith("train-")]
+        assert trains and all(args[args.index("--mixed-precision") + 1] == choice for args in trains)
 
 
 @pytest.mark.parametrize(("raw", "message"), BAD_CONFIGS, ids=[m.split(":")[0] for _, m in BAD_CONFIGS])

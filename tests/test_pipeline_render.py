@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import kubernetes_validate
 import pytest
 import yaml
@@ -12,7 +14,14 @@ from cluster_steps import names as cluster_names
 from pipeline import argo
 from pipeline.config import ConfigError, parse_config
 from pipeline.definition import ingest_memo_key
-from pipeline.manifests import TF_SERVING_VERSION, TRAINER_SERVICE_ACCOUNT, ClusterTarget, gcs_storage
+from pipeline.manifests import (
+    TF_SERVING_VERSION,
+    TRAINER_SERVICE_ACCOUNT,
+    ClusterTarget,
+    ImageMissing,
+    Images,
+    gcs_storage,
+)
 
 ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.py)
     "v4.1.2": "argo-v4.1.2/",
@@ -133,6 +142,26 @@ def test_tfjobs_follow_the_config():
     # Its own identity: the workflow's pods may create TFJobs and InferenceServices, training may not.
     assert pod["spec"]["serviceAccountName"] == TRAINER_SERVICE_ACCOUNT
     assert TRAINER_SERVICE_ACCOUNT != template["spec"]["serviceAccountName"]
+
+
+def test_a_training_pod_given_gpus_needs_the_gpu_trainer_image():
+    config = parse_config(CONFIG)
+    gpus = ClusterTarget(training_gpus=1)
+    with pytest.raises(ImageMissing, match="^step train-cnn: its pods are given GPUs, which need the GPU "
+                                           "trainer image, and the cluster target has none$"):
+        argo.workflow_template(config, gpus)
+    target = dataclasses.replace(gpus, images=Images(trainer_gpu="dist-ml/trainer-gpu:1"))
+    objects = argo.render_objects(config, target)
+    template = objects["workflowtemplate.yaml"]
+    trainer = embedded(template, "train-cnn")["spec"]["trainer"]
+    assert trainer["image"] == "dist-ml/trainer-gpu:1" and trainer["command"][-2:] == ["--gpus", "1"]
+    (node,) = objects["clustertrainingruntime-dist-ml-tensorflow.yaml"]["spec"]["template"]["spec"][
+        "replicatedJobs"]
+    assert node["template"]["spec"]["template"]["spec"]["containers"][0]["image"] == "dist-ml/trainer-gpu:1"
+    assert templates(template)["ingest"]["container"]["image"] == Images().trainer
+    (worker,) = embedded(argo.workflow_template(parse_config(TFJOB_CONFIG), target), "train-cnn")["spec"][
+        "tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert worker["image"] == "dist-ml/trainer-gpu:1" and worker["command"][-2:] == ["--gpus", "1"]
 
 
 def test_ingest_is_memoized_on_the_data_source_and_checksums():

@@ -88,6 +88,12 @@ MORE_BAD_STACK_CONFIG = [
     ({}, "cluster.kind: is required: one of k3d, gke"),
     ({"cluster": "k3d"}, "cluster: must be a mapping of settings, got str"),
     ({"cluster": {"kind": "k3d", "nodePools": {}}}, "cluster.nodePools: does not apply to cluster.kind k3d"),
+    # GPUs asked of k3d: refused, saying why.
+    ({"cluster": {"kind": "k3d", "nodePools": {"gpu": {"enabled": True}}}},
+     "cluster.nodePools: does not apply to cluster.kind k3d: node pools, and with them GPUs, are the gke "
+     "stack's; k3d's nodes are containers on this machine, which train on the CPU trainer image"),
+    ({"cluster": {"kind": "k3d", "trainingPool": "gpu"}},
+     "cluster.trainingPool: does not apply to cluster.kind k3d: node pools, and with them GPUs"),
     ({"cluster": {"kind": "k3d"}, "storage": {"bucketName": "b-1"}},
      "storage.bucketName: does not apply to cluster.kind k3d"),
     ({"cluster": {"kind": "k3d"}, "gcp:zone": "us-central1-a"}, "gcp:zone: applies only to cluster.kind gke"),
@@ -110,6 +116,14 @@ MORE_BAD_STACK_CONFIG = [
     ({"cluster": {"kind": "gke", "nodePools": {"spot": {"enabled": True, "acceleratorCount": 1}}},
       "gcp:project": PROJECT_ID, "gcp:region": "us-central1"},
      "cluster.nodePools.spot.acceleratorCount: accelerators belong in nodePools.gpu"),
+    ({"cluster": {"kind": "gke", "nodePools": {"cpu": {"driverVersion": "DEFAULT"}}},
+      "gcp:project": PROJECT_ID, "gcp:region": "us-central1"},
+     "cluster.nodePools.cpu.driverVersion: GPU drivers belong in nodePools.gpu"),
+    ({"cluster": {"kind": "gke", "nodePools": {"gpu": {"enabled": True, "driverVersion": "R535"}}},
+      "gcp:project": PROJECT_ID, "gcp:region": "us-central1"},
+     "cluster.nodePools.gpu.driverVersion: must be one of DEFAULT, LATEST, got 'R535'"),
+    ({"cluster": {"kind": "gke", "nodePools": {"gpu": {"enabled": True, "driverVersion": None}}},
+      "gcp:project": PROJECT_ID, "gcp:region": "us-central1"}, "cluster.nodePools.gpu.driverVersion"),
 ]
 
 

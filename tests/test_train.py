@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,9 @@ def test_two_workers_train_and_the_chief_exports_metrics(two_worker_export: Path
     assert metrics["model"] == "cnn"
     assert metrics["epochs"] == 2 and metrics["steps_per_epoch"] == 6
     assert metrics["global_batch_size"] == 64  # 32 per replica x 2 replicas
+    # 64 = 2 x train.REFERENCE_GLOBAL_BATCH: the rate times sqrt(2).
+    assert metrics["learning_rate"] == pytest.approx(train.DEFAULT_LEARNING_RATE * math.sqrt(2))
+    assert (metrics["gpus"], metrics["precision"]) == (0, "float32")  # auto: off on CPUs
     assert 0.0 <= metrics["validation"]["accuracy"] <= 1.0
     assert metrics["validation"]["examples"] == 50  # 10% of each class of the 500 held out
     assert metrics["examples_per_second"] > 0 and metrics["wall_time_seconds"] > 0
@@ -62,6 +66,15 @@ def test_serving_default_classifies_png_bytes_like_the_pixels_signature(two_work
     np.testing.assert_allclose(np.sum(by_bytes["probabilities"], axis=1), 1.0, rtol=1e-5)
 
 
+def test_a_mixed_precision_export_serves_float32_probabilities(one_worker_export, test_images):
+    metrics = json.loads((one_worker_export / "metrics.json").read_text())
+    assert metrics["precision"] == "mixed_float16"
+    outputs = tf.saved_model.load(str(one_worker_export)).signatures["pixels"](
+        pixels=tf.constant(test_images.images, tf.float32))
+    assert outputs["probabilities"].dtype == tf.float32
+    np.testing.assert_allclose(np.sum(outputs["probabilities"], axis=1), 1.0, rtol=1e-5)
+
+
 def test_serving_default_takes_jpeg_colour_and_other_sizes(two_worker_export, test_images):
     loaded = tf.saved_model.load(str(two_worker_export))
     images = [encode(test_images.images[0], "JPEG", size=84, mode="RGB"),
@@ -77,6 +90,8 @@ BAD_ARGUMENTS = [
     ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}'},
      "train: error: malformed TF_CONFIG: task.index 3 is not in 0..0"),
     ({"epochs": "0"}, "train: error: argument --epochs: must be a positive integer, got 0"),
+    ({"gpus": "-1"}, "train: error: argument --gpus: must be a whole number >= 0, got -1"),
+    ({"mixed-precision": "fp16"}, "train: error: argument --mixed-precision: invalid choice: 'fp16'"),
 ]
 
 

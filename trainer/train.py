@@ -2,7 +2,7 @@
 
     python -m trainer.train --model NAME --data-dir DATA_DIR --checkpoint-dir CKPT \\
         --export-dir EXPORT [--epochs N] [--batch-size-per-replica B] [--steps-per-epoch S] \\
-        [--learning-rate LR]
+        [--learning-rate LR] [--mixed-precision auto|on|off] [--gpus N]
 
 The cluster comes from TF_CONFIG, as TFJob sets it in every pod, or from what a TrainJob's pod
 knows (trainer.cluster builds TF_CONFIG from it); without either this is one local worker.
@@ -11,6 +11,11 @@ and the same number of steps; only the chief writes the export. With `ps` tasks
 (ParameterServerStrategy, trainer.parameter_server): workers and parameter servers only serve, and
 the chief coordinates the steps and writes the export. BackupAndRestore under CKPT lets restarted
 workers (or a restarted chief) resume from the last completed epoch.
+
+Every GPU a worker sees is a replica (MultiWorkerMirroredStrategy's all-reduce between GPUs is NCCL),
+so the global batch grows with the GPUs and the learning rate follows it (scaled_learning_rate). A
+worker given GPUs (--gpus, from its pod's nvidia.com/gpu) that TensorFlow cannot see fails at once
+(trainer.devices).
 """
 
 from __future__ import annotations
@@ -29,13 +34,18 @@ import tensorflow as tf
 import tf_keras as keras
 
 from common import cli
-from trainer import data, export, models, parameter_server
+from trainer import data, devices, export, models, parameter_server
 from trainer.atomic import staged_directory
 from trainer.cluster import LOCAL, RPC_LAYER, ClusterConfigError, ClusterSpec, cluster_from_environment
+from trainer.devices import Gpu, GpuUnavailable
 from trainer.fashion_mnist import DatasetError, Split, load_split
 
 DEFAULT_BATCH_SIZE_PER_REPLICA = 32
+# Adam's learning rate at REFERENCE_GLOBAL_BATCH; other global batches scale it (scaled_learning_rate).
 DEFAULT_LEARNING_RATE = 2e-3
+# make demo's global batch (2 workers x 16), at which DEFAULT_LEARNING_RATE was chosen and every figure
+# of docs/results/model-quality.md was measured: there the rule changes nothing.
+REFERENCE_GLOBAL_BATCH = 32
 # Without --epochs: enough passes to see MIN_EXAMPLES_SEEN examples, and at least MIN_EPOCHS.
 # That is 10 epochs of the full dataset and about 67 of the 450-image sample.
 MIN_EPOCHS = 10
@@ -58,6 +68,8 @@ class TrainConfig:
     batch_size_per_replica: int
     steps_per_epoch: int | None
     learning_rate: float
+    mixed_precision: str
+    gpus: int
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
@@ -74,7 +86,13 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
                         default=DEFAULT_BATCH_SIZE_PER_REPLICA)
     parser.add_argument("--steps-per-epoch", type=cli.positive_int,
                         help="default: one pass over the training images")
-    parser.add_argument("--learning-rate", type=cli.positive_float, default=DEFAULT_LEARNING_RATE)
+    parser.add_argument("--learning-rate", type=cli.positive_float, default=DEFAULT_LEARNING_RATE,
+                        help=f"Adam's rate at a global batch of {REFERENCE_GLOBAL_BATCH}, scaled with the "
+                        "square root of the global batch's ratio to it")
+    parser.add_argument("--mixed-precision", choices=devices.MIXED_PRECISION_CHOICES, default="auto",
+                        help="float16 compute with float32 weights; auto: on where every GPU supports it")
+    parser.add_argument("--gpus", type=cli.non_negative_int, default=0,
+                        help="the GPUs this worker's pod was given: fail unless TensorFlow sees them")
     return TrainConfig(**vars(parser.parse_args(argv)))
 
 
@@ -131,15 +149,25 @@ def cluster_resolver(cluster: ClusterSpec) -> tf.distribute.cluster_resolver.Sim
         rpc_layer=RPC_LAYER)
 
 
-def distribution_strategy(cluster: ClusterSpec) -> tf.distribute.Strategy:
+def communication_options(gpus: int) -> tf.distribute.experimental.CommunicationOptions:
+    """How MultiWorkerMirroredStrategy all-reduces: NCCL between GPUs (GPU to GPU, within a node and
+    across nodes), TensorFlow's choice otherwise (AUTO: its ring all-reduce on CPUs)."""
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    return tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation.NCCL if gpus else implementation.AUTO)
+
+
+def distribution_strategy(cluster: ClusterSpec, gpus: int) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy for a cluster from TF_CONFIG, ParameterServerStrategy for one with
-    parameter servers. A lone local worker takes the default strategy: there all-reduce has nothing
-    to do but still costs time (docs/results/training-throughput.md)."""
+    parameter servers; either makes a replica of every GPU of every worker. A lone local worker takes
+    the default strategy, on its one GPU if it has one: there all-reduce has nothing to do but still
+    costs time (docs/results/training-throughput.md); with several GPUs, MirroredStrategy over them."""
     if cluster is LOCAL:
-        return tf.distribute.get_strategy()
+        return tf.distribute.MirroredStrategy() if gpus > 1 else tf.distribute.get_strategy()
     if cluster.uses_parameter_servers:
         return parameter_server.strategy(cluster, cluster_resolver(cluster))
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(cluster))
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(cluster),
+                                                     communication_options=communication_options(gpus))
 
 
 class SmoothedSparseCrossentropy(keras.losses.Loss):
@@ -161,29 +189,61 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
 
 def global_batch_size(batch_size_per_replica: int, strategy: tf.distribute.Strategy,
                       cluster: ClusterSpec) -> int:
-    """The examples behind one update of the weights. Under parameter servers a step is one
-    worker's, and it takes the batch of all the workers, so that a config means the same global
-    batch, steps per epoch and learning rate under either strategy."""
+    """The examples behind one update of the weights: the per-replica batch stays as configured, so
+    the global batch grows with the replicas (every GPU of every worker, or each worker's CPU). Under
+    parameter servers a step is one worker's (its GPUs being its replicas), and it takes the batch of
+    all the workers, so that a config means the same global batch, steps per epoch and learning rate
+    under either strategy."""
     if cluster.uses_parameter_servers:
-        return batch_size_per_replica * cluster.num_workers
+        return batch_size_per_replica * cluster.num_workers * strategy.num_replicas_in_sync
     return batch_size_per_replica * strategy.num_replicas_in_sync
 
 
-def training_input(cluster: ClusterSpec, split: Split,
-                   global_batch: int) -> tf.data.Dataset | keras.utils.experimental.DatasetCreator:
-    """A dataset that every worker shards, or under parameter servers a DatasetCreator from which
-    each worker builds its own (model.fit's only input there besides in-memory arrays)."""
+def scaled_learning_rate(rate_at_reference: float, global_batch: int) -> float:
+    """Adam's learning rate for `global_batch`: `rate_at_reference` (the rate at REFERENCE_GLOBAL_BATCH)
+    times the square root of the batch's ratio to that reference.
+
+    A global batch k times larger averages k times as many gradients, whose noise shrinks by sqrt(k).
+    For Adam the square-root rule keeps training on the same course (Malladi et al., "On the SDEs and
+    Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022, which also adjusts Adam's betas and
+    epsilon; we scale the rate alone); the linear rule (Goyal et al. 2017) is SGD's. Doubling the GPUs
+    doubles the global batch and multiplies the rate by 1.41."""
+    return rate_at_reference * math.sqrt(global_batch / REFERENCE_GLOBAL_BATCH)
+
+
+def precision_policy(choice: str, gpus: list[Gpu], cluster: ClusterSpec) -> str:
+    """The Keras dtype policy for --mixed-precision: mixed_float16 (float16 compute, float32 weights)
+    `on`, float32 `off`, and `auto` on where every GPU supports it (trainer.devices). tf-keras scales
+    the loss against float16 underflow (LossScaleOptimizer) under MultiWorkerMirroredStrategy but not
+    ParameterServerStrategy, so parameter servers train in float32 and refuse `on`."""
     if cluster.uses_parameter_servers:
-        return parameter_server.training_input(split, global_batch)
+        if choice == "on":
+            raise cli.UsageError("--mixed-precision on: tf-keras cannot scale the loss under parameter "
+                                 "servers; train this variant with the sync strategy, or precision off")
+        return devices.FULL_POLICY
+    if choice == "on" or (choice == "auto" and devices.mixed_precision_supported(gpus)):
+        return devices.MIXED_POLICY
+    return devices.FULL_POLICY
+
+
+def training_input(cluster: ClusterSpec, split: Split, global_batch: int, strategy: tf.distribute.Strategy,
+                   ) -> tf.data.Dataset | keras.utils.experimental.DatasetCreator:
+    """A dataset that every worker shards, or under parameter servers a DatasetCreator from which
+    each worker builds its own (model.fit's only input there besides in-memory arrays), of which each
+    of the worker's replicas takes a batch a step."""
+    if cluster.uses_parameter_servers:
+        return parameter_server.training_input(split, global_batch // strategy.num_replicas_in_sync)
     return data.training_dataset(split, global_batch)
 
 
-def compiled_model(name: str, learning_rate: float, steps_per_execution: int = 1) -> keras.Model:
+def compiled_model(name: str, learning_rate: float, steps_per_execution: int = 1,
+                   policy: str = devices.FULL_POLICY) -> keras.Model:
     """`steps_per_execution` > 1 runs that many steps per call from Python: it speeds up one
     process's small steps (benchmarks.variant_cv); the trainer keeps 1, as under
     MultiWorkerMirroredStrategy the per-step all-reduce dominates and it gained nothing measurable
-    (docs/results/training-throughput.md)."""
-    model = models.build_model(name)
+    (docs/results/training-throughput.md). Under mixed_float16, compile wraps the optimizer in a
+    LossScaleOptimizer."""
+    model = models.build_model(name, policy)
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=SmoothedSparseCrossentropy(),
@@ -231,28 +291,32 @@ def export_model(model: keras.Model, cluster: ClusterSpec, export_dir: Path,
     log(cluster, f"exported {export_dir}: validation accuracy {metrics['validation']['accuracy']:.4f}")
 
 
-def train(config: TrainConfig, cluster: ClusterSpec) -> None:
+def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
     started = time.time()
     train_split, validation_split = data.split_validation(load_split(config.data_dir, "train"))
-    strategy = distribution_strategy(cluster)
+    policy = precision_policy(config.mixed_precision, gpus, cluster)
+    strategy = distribution_strategy(cluster, len(gpus))
     keras.utils.set_random_seed(TRAINING_SEED)
     global_batch = global_batch_size(config.batch_size_per_replica, strategy, cluster)
+    learning_rate = scaled_learning_rate(config.learning_rate, global_batch)
     steps_per_epoch = config.steps_per_epoch or max(1, len(train_split) // global_batch)
     epochs = config.epochs or max(MIN_EPOCHS, math.ceil(MIN_EXAMPLES_SEEN / len(train_split)))
+    log(cluster, f"trains on {devices.describe(gpus)}, dtype policy {policy}")
     log(cluster, f"{config.model}: {len(train_split)} training images, {cluster.num_workers} "
-        f"worker(s), global batch {global_batch}, {epochs} epochs of {steps_per_epoch} steps")
+        f"worker(s), global batch {global_batch}, learning rate {learning_rate:g}, {epochs} epochs of "
+        f"{steps_per_epoch} steps")
 
     with strategy.scope():
-        model = compiled_model(config.model, config.learning_rate)
+        model = compiled_model(config.model, learning_rate, policy=policy)
     progress = ProgressLogger(cluster, epochs, steps_per_epoch * global_batch)
     callbacks = [
         keras.callbacks.BackupAndRestore(backup_dir=str(config.checkpoint_dir / "backup")),
-        keras.callbacks.LearningRateScheduler(cosine_schedule(config.learning_rate, epochs)),
+        keras.callbacks.LearningRateScheduler(cosine_schedule(learning_rate, epochs)),
         keras.callbacks.TensorBoard(log_dir=str(config.checkpoint_dir / "tensorboard"),
                                     profile_batch=0),
         progress,
     ]
-    model.fit(training_input(cluster, train_split, global_batch), epochs=epochs,
+    model.fit(training_input(cluster, train_split, global_batch, strategy), epochs=epochs,
               steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
 
     def write_metrics(export_dir: Path) -> dict:
@@ -262,7 +326,10 @@ def train(config: TrainConfig, cluster: ClusterSpec) -> None:
             "epochs": epochs,
             "steps_per_epoch": steps_per_epoch,
             "global_batch_size": global_batch,
+            "learning_rate": learning_rate,
             "workers": cluster.num_workers,
+            "gpus": len(gpus),
+            "precision": policy,
             "training_examples": len(train_split),
             "recipe": recipe(),
             "examples_per_second": progress.examples_per_second(),
@@ -288,15 +355,18 @@ def claim_checkpoint_dir(checkpoint_dir: Path, model: str, cluster: ClusterSpec)
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     cluster = cluster_from_environment(os.environ)
+    gpus = devices.visible_gpus()
+    devices.require_gpus(config.gpus, gpus)
     if cluster.uses_parameter_servers and not cluster.is_chief:
         parameter_server.serve_forever(cluster)
     claim_checkpoint_dir(config.checkpoint_dir, config.model, cluster)
-    train(config, cluster)
+    train(config, cluster, gpus)
 
 
 def run(argv: Sequence[str] | None = None) -> None:
-    """`python -m trainer.train`: a user's mistake (arguments, TF_CONFIG, data) is one line."""
-    cli.run("train", main, argv, expected=(ClusterConfigError, DatasetError))
+    """`python -m trainer.train`: a user's mistake (arguments, TF_CONFIG, data) or a pod's GPUs that
+    TensorFlow cannot use is one line."""
+    cli.run("train", main, argv, expected=(ClusterConfigError, DatasetError, GpuUnavailable))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from infra.gateway import GatewayPlacement
 from infra.gcp_apis import GcpApis, GcpApisArgs
 from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import (
+    GPU_DRIVER_VERSIONS,
     GkeCluster,
     GkeClusterArgs,
     NodePoolArgs,
@@ -96,7 +97,12 @@ MinNodes = Annotated[WholeNumber, Field(
 MaxNodes = Annotated[WholeNumber, Field(ge=1, description="most nodes, in total (>= minNodes)")]
 AcceleratorType = Annotated[Text, Field(description="GPU type of each node (gpu pool only)")]
 AcceleratorCount = Annotated[WholeNumber, Field(ge=0, description="GPUs per node (gpu pool only)")]
-GPU_ONLY = {key: "accelerators belong in nodePools.gpu" for key in ("acceleratorType", "acceleratorCount")}
+DriverVersion = Annotated[Literal[GPU_DRIVER_VERSIONS], Field(
+    description="the NVIDIA driver GKE installs on each node: DEFAULT or LATEST for the node's GKE version "
+                "(gpu pool only)")]
+GPU_ONLY = {"acceleratorType": "accelerators belong in nodePools.gpu",
+            "acceleratorCount": "accelerators belong in nodePools.gpu",
+            "driverVersion": "GPU drivers belong in nodePools.gpu"}
 
 
 class NodePoolConfig(Section):
@@ -110,6 +116,7 @@ class NodePoolConfig(Section):
     max_nodes: MaxNodes = 5
     accelerator_type: AcceleratorType | None = None
     accelerator_count: AcceleratorCount = 0
+    driver_version: DriverVersion | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -156,6 +163,7 @@ class GpuPool(SpotPool):
     machine_type: MachineType = "n1-standard-4"
     accelerator_type: AcceleratorType | None = "nvidia-tesla-t4"
     accelerator_count: AcceleratorCount = 1
+    driver_version: DriverVersion = GPU_DRIVER_VERSIONS[0]
 
 
 class NodePools(Section):
@@ -337,9 +345,11 @@ PROBE_IMAGE = "curlimages/curl:8.11.1"  # a pod in the cluster, hence in its VPC
 
 
 def node_pool(pool: NodePoolConfig, spot: bool = False) -> NodePoolArgs:
+    accelerators = {"accelerator_type": pool.accelerator_type, "accelerator_count": pool.accelerator_count}
+    if pool.driver_version is not None:
+        accelerators["gpu_driver_version"] = pool.driver_version
     return NodePoolArgs(machine_type=pool.machine_type, min_nodes=pool.min_nodes, max_nodes=pool.max_nodes,
-                        spot=spot, accelerator_type=pool.accelerator_type,
-                        accelerator_count=pool.accelerator_count)
+                        spot=spot, **accelerators)
 
 
 def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
@@ -360,8 +370,9 @@ class GkeKind(ClusterKind):
         # First of all: on a fresh project, every other Google resource fails until its API is on.
         self._apis = GcpApis("apis", GcpApisArgs(project=gcp.project))
         # Before the cluster: its nodes are granted reading the repository before they start.
-        self._registry = RegistryImages("images", RegistryImagesArgs(project=gcp.project, region=gcp.region),
-                                        opts=self._after_apis())
+        self._registry = RegistryImages("images", RegistryImagesArgs(
+            project=gcp.project, region=gcp.region, gpu_training=self._pools[config.training_pool].gpus > 0),
+            opts=self._after_apis())
         self._network = GkeNetwork("network", GkeNetworkArgs(
             project=gcp.project, name=config.name, region=region_of(config.location),
             proxy_only_subnet=not config.endpoint.public), opts=self._after_apis())
@@ -430,8 +441,9 @@ class GkeKind(ClusterKind):
                 "-o jsonpath='{.status.addresses[0].value}'")
 
     def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
-        return {"images": pulumi.Output.from_input(images.images).apply(
-                    lambda built: {"trainer": built.trainer, "serving": built.serving}),
+        return {"images": pulumi.Output.from_input(images.images).apply(lambda built: {
+                    "trainer": built.trainer, "serving": built.serving,
+                    **({"trainerGpu": built.trainer_gpu} if built.trainer_gpu else {})}),
                 **self._endpoint_outputs()}
 
     def _endpoint_outputs(self) -> dict[str, pulumi.Input]:

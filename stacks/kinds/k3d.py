@@ -4,7 +4,7 @@ the `storage` section (StorageConfig, a PVC)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, ClassVar, Literal, get_args
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -49,8 +49,14 @@ class PortMapping(Section):
     container: Port = Field(description="port of k3d's load balancer (k3s's Traefik ingress: 80)")
 
 
+# Asked for GPUs, a k3d stack says why not rather than only that the keys are another kind's.
+NO_NODE_POOLS = ("does not apply to cluster.kind k3d: node pools, and with them GPUs, are the gke stack's; "
+                 "k3d's nodes are containers on this machine, which train on the CPU trainer image")
+
+
 class K3dConfig(Section):
     """The `cluster` section of a k3d cluster on this machine."""
+    NOT_HERE: ClassVar[dict[str, str]] = {"nodePools": NO_NODE_POOLS, "trainingPool": NO_NODE_POOLS}
     kind: Literal["k3d"] = Field(description="the stack's cluster")
     name: DnsLabel = Field("dist-ml", description="k3d cluster name (kubectl context k3d-<name>)")
     # One server, no agents: local-path volumes are ReadWriteOnce on one node, and every
