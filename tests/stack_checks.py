@@ -145,3 +145,14 @@ def training_pods(rendered: render.Rendered, step: str) -> list[dict]:
     return cluster_actors.jobset_pods(admitted_jobset(rendered, step))
 
 
+
+
+def closure(rendered: render.Rendered, name: str) -> set[str]:
+    """Every resource `name` waits for, directly or through others."""
+    by_name = {r.name: r for r in rendered.resources}
+    seen, todo = set(), [name]
+    while todo:
+        for dependency in by_name[todo.pop()].depends_on - seen:
+            seen.add(dependency)
+            todo.append(dependency)
+    return seen

@@ -13,7 +13,7 @@ import pytest
 import stack_checks
 from conftest import REPO_ROOT
 from kserve_autoscaling import scaled_object, webhook_error
-from stack_checks import WORKFLOW_NAMESPACE, embedded, objects_of, validate_all
+from stack_checks import WORKFLOW_NAMESPACE, closure, embedded, objects_of, validate_all
 
 from cluster_steps import release as rollout
 from cluster_steps.names import ISVC_METRIC_LABEL, canary_name
@@ -51,16 +51,6 @@ def charts(stack: render.Rendered) -> dict[str, render.Declared]:
     return {r.inputs["chart"].rpartition("/")[2]: r for r in stack.of_type(HELM_CHART)}
 
 
-def waits_for(stack: render.Rendered, name: str) -> set[str]:
-    by_name = {r.name: r for r in stack.resources}
-    seen, todo = set(), [name]
-    while todo:
-        for dependency in by_name[todo.pop()].depends_on - seen:
-            seen.add(dependency)
-            todo.append(dependency)
-    return seen
-
-
 def test_every_stack_renders_and_validates_in_every_mode(rendered, validate_crd):
     metric, stack = rendered
     assert validate_all(stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
@@ -83,7 +73,7 @@ def test_keda_is_installed_pinned_before_kserves_controller_only_when_the_predic
     assert keda.inputs["repositoryOpts"] == {"repo": "https://kedacore.github.io/charts"}
     # KServe's controller looks for the ScaledObject CRD once, at start: after KEDA, and restarted by a
     # change of it.
-    assert keda.name in waits_for(stack, found["kserve-resources"].name)
+    assert keda.name in closure(stack, found["kserve-resources"].name)
     assert controller["podAnnotations"] == {"dist-ml/keda-version": "2.18.0"}
 
 

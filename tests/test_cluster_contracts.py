@@ -20,6 +20,7 @@ from stack_checks import (
     PUBLISHED_VERSION,
     WORKFLOW_NAME,
     admitted_jobset,
+    closure,
     embedded,
     named,
     objects_of,
@@ -487,16 +488,6 @@ def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_se
     values["dist-ml:pipeline"] = json.dumps({**json.loads(values["dist-ml:pipeline"]),
                                              "rollout": {"canaryPercent": 0}})
     assert objects_of(render.render("gke", values), "PodMonitor") == []
-
-
-def closure(rendered: render.Rendered, name: str) -> set[str]:
-    by_name = {r.name: r for r in rendered.resources}
-    seen, todo = set(), [name]
-    while todo:
-        for dependency in by_name[todo.pop()].depends_on - seen:
-            seen.add(dependency)
-            todo.append(dependency)
-    return seen
 
 
 def test_every_namespaced_object_waits_for_its_namespace(stack):
