@@ -37,24 +37,6 @@ KUEUE_NAMESPACE = "kueue-system"
 # evicts the job and queues it again (waitForPodsReady): a new GKE node and a TensorFlow image pull
 # take minutes. Requeues are not limited: the train step's timeout bounds the wait.
 PODS_READY_TIMEOUT = "15m"
-
-
-def kueue_manager_config(namespace: str) -> dict:
-    """Kueue's whole manager configuration (the chart takes it as one string, decoded strictly, and
-    it replaces the chart's default): TrainJobs only, in the pipeline's namespace only, each admitted
-    all at once (waitForPodsReady: Kueue v0.19 has it on by default; set here so it says how long).
-    No pod or Deployment integration: Argo's step pods and the predictors are not Kueue's to hold."""
-    return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
-        "health": {"healthProbeBindAddress": ":8081"},
-        "metrics": {"bindAddress": ":8443"},
-        "webhook": {"port": 9443},
-        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
-        "waitForPodsReady": {"timeout": PODS_READY_TIMEOUT, "blockAdmission": False,
-                             "requeuingStrategy": {"timestamp": "Eviction"}},
-        "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "integrations": {"frameworks": ["trainer.kubeflow.org/trainjob"]},
-    }
 ARGO_INSTALL = "https://github.com/argoproj/argo-workflows/releases/download/{version}/install.yaml"
 CERT_MANAGER = "https://github.com/cert-manager/cert-manager/releases/download/{version}/cert-manager.yaml"
 KSERVE_CHARTS = "oci://ghcr.io/kserve/charts/{chart}"
@@ -80,6 +62,24 @@ done
 echo "cert-manager's webhook has no CA bundle after 5 minutes" >&2
 exit 1
 """
+
+
+def kueue_manager_config(namespace: str) -> dict:
+    """Kueue's whole manager configuration (the chart takes it as one string, decoded strictly, and
+    it replaces the chart's default): TrainJobs only, in the pipeline's namespace only, each admitted
+    all at once (waitForPodsReady: Kueue v0.19 has it on by default; set here so it says how long).
+    No pod or Deployment integration: Argo's step pods and the predictors are not Kueue's to hold."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"},
+        "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "waitForPodsReady": {"timeout": PODS_READY_TIMEOUT, "blockAdmission": False,
+                             "requeuingStrategy": {"timestamp": "Eviction"}},
+        "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "integrations": {"frameworks": ["trainer.kubeflow.org/trainjob"]},
+    }
 
 
 @dataclasses.dataclass(frozen=True)

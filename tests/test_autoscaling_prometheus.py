@@ -6,11 +6,16 @@ that was scraped). A query naming a wrong metric or label, which would never sca
 nothing.
 
 The server holds each batch open for BATCH_WAIT_MS (--max-batch-wait-ms), so that every client's
-request is in flight nearly all the time. Prometheus scrapes it every second with the labels Prometheus
-Operator gives a target of the stacks' PodMonitor (`namespace`, `pod`, `container`, `endpoint`, `job`,
-and each podTargetLabels label under its sanitized name: v0.87.1 pkg/prometheus/promcfg.go
-generatePodMonitorConfig 1483-1538), and starts once the load is on, so that the queries' one-minute
-window holds loaded samples only (on a cluster, the load would have lasted that long).
+request is in flight nearly all the time: the clients' requests share a batch and are answered
+together, and the moment between an answer and the next request, which a loaded machine stretches
+(200 ms held let a scrape read 1 of 4 under a full load), is a small share of each second.
+Prometheus scrapes it every second with the labels Prometheus Operator gives a target of the
+stacks' PodMonitor (`namespace`, `pod`, `container`, `endpoint`, `job`, and each podTargetLabels
+label under its sanitized name: v0.87.1 pkg/prometheus/promcfg.go generatePodMonitorConfig
+1483-1538), and starts once the load is on; the queries are evaluated at a
+moment the load was still on (at the latest a second before the clients' deadline, however slowly a
+loaded machine started Prometheus), so that their one-minute window holds loaded samples only (on a
+cluster, the load would have lasted that long).
 Every server binds port 0: ours reports its port (serving.process), Prometheus's is read from its
 listening socket."""
 
@@ -45,9 +50,10 @@ pytestmark = pytest.mark.slow  # starts the model server and Prometheus
 
 MODEL = "fmnist"
 CLIENTS = 4
-BATCH_WAIT_MS = 200
-LOAD_SECONDS = 12.0
-SCRAPES = 4  # seconds of samples before the queries are asked
+BATCH_WAIT_MS = 1000
+LOAD_SECONDS = 16.0
+SCRAPES = 6  # seconds of samples before the queries are asked
+LOADED_MARGIN_SECONDS = 1.0  # before the clients' deadline: every client still holds a request
 PORT_SECONDS = 120.0
 POD = f"{MODEL}-predictor-7d9f8c6b5-x2k4q"  # a name KServe's Deployment gives a predictor pod
 
@@ -114,8 +120,10 @@ def prometheus_scraping(binary: Path, server_url: str, labels: dict[str, str], w
         stop(process)
 
 
-def query(prometheus_url: str, promql: str) -> list[dict]:
-    url = f"{prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+def query(prometheus_url: str, promql: str, at: float | None = None) -> list[dict]:
+    """The query's answer, evaluated now or at Unix time `at`."""
+    parameters = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
+    url = f"{prometheus_url}/api/v1/query?{urllib.parse.urlencode(parameters)}"
     with urllib.request.urlopen(url, timeout=10) as response:
         answer = json.load(response)
     assert answer["status"] == "success", answer
@@ -152,13 +160,18 @@ def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
         load = {}
         clients = threading.Thread(target=lambda: load.update(report=run_load(
             url, generated_images(), CLIENTS, model_name=MODEL, duration=LOAD_SECONDS)))
+        loaded_until = time.time() + LOAD_SECONDS - LOADED_MARGIN_SECONDS
         clients.start()
         try:
             while server_in_flight(url) < 1:  # the load is on before the first scrape
                 time.sleep(0.05)
             with prometheus_scraping(prometheus_binary, url, labels, tmp_path) as prometheus_url:
                 wait_for_samples(prometheus_url, SCRAPES)
-                answers = {metric: query(prometheus_url, promql) for metric, promql in queries.items()}
+                at = min(time.time(), loaded_until)
+                loaded = query(prometheus_url, "count_over_time(up[1m])", at)
+                assert loaded and float(loaded[0]["value"][1]) >= 2, (
+                    f"Prometheus took fewer than 2 samples under load (by {at:.0f}): {loaded}")
+                answers = {metric: query(prometheus_url, promql, at) for metric, promql in queries.items()}
                 in_flight_query = queries["inflight"]
                 wrong = {
                     "a wrong metric": in_flight_query.replace("requests_in_flight", "requests_inflight"),
@@ -167,7 +180,7 @@ def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
                         "serving_kserve_io_inferenceservice=", "inferenceservice="),
                     "another namespace": queries["rps"].replace(f'"{WORKFLOW_NAMESPACE}"', '"default"'),
                 }
-                missed = {name: query(prometheus_url, promql) for name, promql in wrong.items()}
+                missed = {name: query(prometheus_url, promql, at) for name, promql in wrong.items()}
         finally:
             clients.join()
     report = load["report"]

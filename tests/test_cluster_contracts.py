@@ -34,6 +34,7 @@ from cluster_steps import names as cluster_names
 from cluster_steps import release as rollout
 from infra import gke_endpoint, k3d
 from infra.pipeline import workflow_pod_rules
+from infra.platform import TRAINER_NAMESPACE
 from pipeline import argo
 from pipeline.definition import Layout
 from pipeline.manifests import GPU_RESOURCE, IMAGE_USER
@@ -54,7 +55,7 @@ ACTION_VERBS = {"create": {"create"}, "apply": {"get", "create", "patch"}, "dele
                 "patch": {"get", "patch"}}
 # Who creates the namespaces the platform's own manifests put objects in (k3s's kube-system comes with
 # the cluster: only the local stack puts an object there, Traefik's HelmChartConfig).
-NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", "kubeflow-system": "platform-trainer",
+NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", TRAINER_NAMESPACE: "platform-trainer",
                       "cert-manager": "platform-cert-manager", "kube-system": "cluster-cluster"}
 
 

@@ -117,18 +117,16 @@ def test_the_ensemble_serves_the_mean_of_its_members(candidates, data_dir, tmp_p
     assert record["validation_gain"] == pytest.approx(
         record["validation_accuracy"] - record["best_member_validation_accuracy"])
 
+    # Its own copies of the members: the fixtures' exports are shared by every test of the run (other
+    # pytest-xdist workers read them meanwhile), so they are never moved.
+    members = [shutil.copytree(member, tmp_path / "members" / member.parent.name) for member in candidates]
     ensemble_dir = tmp_path / "ensemble"
-    export.save_ensemble(candidates, str(ensemble_dir))
+    export.save_ensemble(members, str(ensemble_dir))
     images = load_split(data_dir, "test").images[:8]
-    expected = np.mean([export.predict_pixels(c, images) for c in candidates], axis=0)
+    expected = np.mean([export.predict_pixels(m, images) for m in members], axis=0)
     np.testing.assert_allclose(export.predict_pixels(ensemble_dir, images), expected, atol=1e-6)
-    for member in candidates:  # self-contained: it serves with its members gone
-        shutil.move(member, tmp_path / f"moved-{member.parent.name}")
-    try:
-        np.testing.assert_allclose(export.predict_pixels(ensemble_dir, images), expected, atol=1e-6)
-    finally:
-        for member in candidates:
-            shutil.move(tmp_path / f"moved-{member.parent.name}", member)
+    shutil.rmtree(tmp_path / "members")  # self-contained: it serves with its members gone
+    np.testing.assert_allclose(export.predict_pixels(ensemble_dir, images), expected, atol=1e-6)
 
 
 def test_interrupted_publish_leaves_no_partial_version(candidates, data_dir, tmp_path,
