@@ -425,21 +425,16 @@ def test_what_each_program_imports_is_in_the_environment_it_runs_in(starts, requ
     assert not missing, f"imported but not installed where it runs: {missing}"
 
 
-def test_the_virtualenv_builder_imports_the_standard_library_alone() -> None:
-    """`make test` runs tools.virtualenvs with the system python, beside the install of .venv."""
+@pytest.mark.parametrize(("tool", "reaches"), [
+    ("tools.virtualenvs", {"tools.virtualenvs", "tools.lock", "tools.uv"}),
+    ("tools.uv", {"tools.uv"}),
+    ("tools.prometheus", {"tools.prometheus"}),
+])
+def test_the_tools_make_runs_before_the_dev_install_import_the_standard_library_alone(tool, reaches) -> None:
+    """`make test` runs these with the system python, beside (or before) the install of .venv."""
     modules = project_modules(REPO_ROOT, (*PROJECT_PACKAGES, "tools"))
-    reached = reached_from(["tools.virtualenvs"], modules)
+    reached = reached_from([tool], modules)
     outside = {found.target: f"{found.path}:{found.line}" for name in reached
                for found in imports_of(modules[name], name, REPO_ROOT)
                if found.target.split(".")[0] not in {"tools", *sys.stdlib_module_names}}
-    assert reached == {"tools.virtualenvs", "tools.lock"} and not outside, (reached, outside)
-
-
-def test_the_prometheus_unpacker_imports_the_standard_library_alone() -> None:
-    """`make test` runs tools.prometheus with the system python, beside the install of .venv."""
-    modules = project_modules(REPO_ROOT, (*PROJECT_PACKAGES, "tools"))
-    reached = reached_from(["tools.prometheus"], modules)
-    outside = {found.target: f"{found.path}:{found.line}" for name in reached
-               for found in imports_of(modules[name], name, REPO_ROOT)
-               if found.target.split(".")[0] not in {"tools", *sys.stdlib_module_names}}
-    assert reached == {"tools.prometheus"} and not outside, (reached, outside)
+    assert reached == reaches and not outside, (reached, outside)

@@ -48,3 +48,14 @@ def test_a_failed_build_is_tried_again_by_the_next_caller(tmp_path, monkeypatch)
         virtualenvs.virtualenv("policy", "key")
     assert virtualenvs.virtualenv("policy", "key") == tmp_path / "policy-key" / "bin" / "python"
     assert attempts == ["policy-key", "policy-key"]
+
+
+def test_an_installer_that_cannot_be_had_is_a_build_error_naming_it(tmp_path, monkeypatch):
+    def unavailable() -> Path:
+        raise virtualenvs.Unavailable("pip install uv==0.13.9:\nERROR: No matching distribution found")
+
+    monkeypatch.setattr(virtualenvs, "ENVS_DIR", tmp_path)
+    monkeypatch.setattr(virtualenvs, "uv", unavailable)
+    with pytest.raises(virtualenvs.BuildError, match=r"^image-key: pip install uv==0\.13\.9:\nERROR: No "):
+        virtualenvs.virtualenv("image", "key", "-r", "lock.txt")
+    assert not (tmp_path / "image-key" / virtualenvs.READY_MARKER).exists()
