@@ -67,6 +67,12 @@ def run_module(module: str, *args: str, env: dict[str, str] | None = None,
 EPOCH_END = re.compile(r"\]: epoch (\d+)/\d+ loss=")
 
 
+def names_a_path(message: str, names: set[str]) -> bool:
+    """A config error's message starts with the path of one of `names` (the name, then ": ", "." or
+    "["); a key may itself hold ": " (raw={': ': {}}), so the message is not split at it."""
+    return any(message.startswith((f"{name}: ", f"{name}.", f"{name}[")) for name in names)
+
+
 def epochs_logged(log_text: str) -> list[int]:
     """The numbers of the epochs a trainer's log says ended, in order."""
     return [int(match.group(1)) for match in EPOCH_END.finditer(log_text)]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, last_line, run_module
+from conftest import REPO_ROOT, last_line, names_a_path, run_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -289,7 +289,5 @@ def test_any_mapping_is_a_config_or_an_error_naming_a_key(raw):
     try:
         parse_config(raw)
     except ConfigError as error:
-        path = str(error).partition(": ")[0]
-        names = {*map(str, raw), *map(repr, raw), "config"}
-        assert any(path == name or path.startswith((f"{name}.", f"{name}[")) for name in names), str(error)
+        assert names_a_path(str(error), {*map(str, raw), *map(repr, raw), "config"}), str(error)
         assert "\n" not in str(error)

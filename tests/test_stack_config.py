@@ -15,7 +15,7 @@ import jsonschema
 import pulumi
 import pytest
 import yaml
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, names_a_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stack_checks import config_error_before_any_resource
@@ -208,9 +208,7 @@ ALWAYS_NAMED = {"cluster", "gcp:project", "gcp:region", "pipeline.rollout.canary
 
 
 def assert_names_a_key(error: ConfigError, raw: Any, also: set[str]) -> None:
-    path = str(error).partition(": ")[0]
-    names = {*map(str, raw), *map(repr, raw), *also, "config"}
-    assert any(path == name or path.startswith((f"{name}.", f"{name}[")) for name in names), str(error)
+    assert names_a_path(str(error), {*map(str, raw), *map(repr, raw), *also, "config"}), str(error)
     assert "\n" not in str(error)
 
 
