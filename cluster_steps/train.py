@@ -72,10 +72,10 @@ class Cluster(Protocol):
     def list_workloads(self, namespace: str, label_selector: str) -> list[dict]: ...
 
 
-def condition(job: dict, kind: str) -> dict | None:
-    """The job's condition of type `kind` when its status is True."""
+def condition(job: dict, kind: str, status: str = "True") -> dict | None:
+    """The object's condition of type `kind` when its status is `status`."""
     for found in (job.get("status") or {}).get("conditions") or []:
-        if found.get("type") == kind and found.get("status") == "True":
+        if found.get("type") == kind and found.get("status") == status:
             return found
     return None
 
@@ -126,9 +126,8 @@ def trainjob_is_waiting(cluster: Cluster, namespace: str, job: dict) -> str | No
         evicted = condition(workload, "Evicted") or {}
         raise TrainingFailed(f"Kueue deactivated Workload {workload['metadata']['name']}: "
                              f"{described(evicted) or 'spec.active is false'}")
-    if reserved := [c for c in (workload.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "QuotaReserved" and c.get("status") == "False"]:
-        return f"queued by Kueue in {workload['spec'].get('queueName')}: {described(reserved[0])}"
+    if reserved := condition(workload, "QuotaReserved", status="False"):
+        return f"queued by Kueue in {workload['spec'].get('queueName')}: {described(reserved)}"
     return f"suspended, Kueue's Workload {workload['metadata']['name']} admitting it"
 
 

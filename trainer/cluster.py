@@ -187,8 +187,8 @@ def _env_fail(name: str, problem: str) -> ClusterConfigError:
     return ClusterConfigError(f"malformed TrainJob pod environment: {name} {problem}")
 
 
-def _whole_number(env: Mapping[str, str], name: str, least: int) -> int:
-    text = env.get(name, "0" if name == PARAMETER_SERVERS_ENV else "")
+def _whole_number(env: Mapping[str, str], name: str, least: int, default: str = "") -> int:
+    text = env.get(name, default)
     try:
         value = int(text)
     except ValueError:
@@ -205,7 +205,7 @@ def jobset_pod(env: Mapping[str, str]) -> JobSetPod:
     if missing:
         raise _env_fail(", ".join(missing), f"unset (a TrainJob pod needs all of {', '.join(JOBSET_ENV)})")
     replicated_job = env[REPLICATED_JOB_ENV]
-    parameter_servers = _whole_number(env, PARAMETER_SERVERS_ENV, 0)
+    parameter_servers = _whole_number(env, PARAMETER_SERVERS_ENV, 0, default="0")  # unset: synchronous
     nodes = _whole_number(env, NUM_NODES_ENV, 2 if parameter_servers else 1)
     if replicated_job not in (NODE_JOB, PS_JOB) or (replicated_job == PS_JOB and not parameter_servers):
         jobs = (f"{NODE_JOB} or {PS_JOB}" if parameter_servers
