@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -100,3 +101,12 @@ def test_the_front_pages_links_land_in_the_site(site):
             parser = Anchors()
             parser.feed((site / relative / "index.html").read_text())
             assert anchor in parser.ids, f"{page}#{anchor}"
+
+
+def test_the_front_pages_package_table_names_every_package():
+    """Each package pyproject.toml installs, and the policy pack and tools, has its row."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    installed = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {name.rstrip("*") for name in installed} | {"policy", "tools"}
+    rows = set(re.findall(r"^\| `(\w+)/` \|", (REPO_ROOT / "README.md").read_text(), re.MULTILINE))
+    assert rows == packages, (sorted(packages - rows), sorted(rows - packages))
