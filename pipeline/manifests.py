@@ -372,11 +372,14 @@ FAILED_POD_RULES = (
     {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]},
     {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [USAGE_ERROR_EXIT]}},
 )
+# Rule names match JobSet's pattern (v0.12.0 pkg/webhooks/jobset_webhook.go ruleNameFmt: letters, digits,
+# `_`, `,` and `:`; no hyphen): its webhook refuses the JobSet otherwise, and Trainer then only records
+# an event on the TrainJob.
 FAILED_JOB_RULES = (
     {"name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts",
      "onJobFailureReasons": ["PodFailurePolicy"],
      "onJobFailureMessagePatterns": ["condition DisruptionTarget matching"]},
-    {"name": "usage-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+    {"name": "usage_error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
      "onJobFailureMessagePatterns": [f"exit code {USAGE_ERROR_EXIT} matching"]},
 )  # any other failure: JobSet's default action, RestartJobSet, counted against maxRestarts
 

@@ -679,6 +679,20 @@ def test_under_parameter_servers_the_chief_ends_the_job_and_the_ps_pods_are_told
     assert {e["name"]: e.get("value") for e in ps["env"]}["DIST_ML_NUM_NODES"] == "3"
 
 
+# JobSet v0.12.0 pkg/webhooks/jobset_webhook.go ruleNameFmt. Its webhook refuses a JobSet whose failure
+# policy names a rule otherwise (the control-plane tier runs that webhook; this is the fast check).
+JOBSET_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+@pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
+def test_every_failure_policy_rule_name_is_one_jobsets_webhook_accepts(strategy):
+    rendered = render.render("local", stack_values("local", pipeline={"variants": ["cnn"],
+                                                                        "strategy": strategy}))
+    (runtime,) = objects_of(rendered, "ClusterTrainingRuntime")
+    rules = runtime["spec"]["template"]["spec"]["failurePolicy"]["rules"]
+    assert rules and all(JOBSET_RULE_NAME.fullmatch(rule["name"]) for rule in rules), rules
+
+
 def test_every_trainjob_name_leaves_its_pod_names_dns_labels(stack):
     """JobSet's webhook refuses pod names past 63 characters (with Kubernetes' 6-character suffix),
     and Trainer then leaves the TrainJob without a condition; a submitted workflow's name is the

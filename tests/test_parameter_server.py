@@ -17,6 +17,7 @@ import tensorflow as tf
 from conftest import epochs_logged, train_args
 from PIL import Image
 
+from common.termination import TERMINATED_EXIT
 from trainer import fashion_mnist
 from trainer.atomic import is_committed
 from trainer.launch import (
@@ -152,9 +153,10 @@ def test_two_workers_and_a_parameter_server_train_and_export_a_model_that_serves
 def test_workers_and_parameter_servers_are_stopped_when_the_chief_ends(lost_worker_run):
     _, workers = lost_worker_run
     assert [w.process.returncode for w in workers if w.task_type == "chief"] == [0]
-    # Neither exits by itself (tf.distribute.Server.join): the launcher's SIGTERM ended them.
+    # Neither exits by itself (they serve until stopped): the launcher's SIGTERM ended them, through
+    # their handler (common.termination), as the kubelet's would.
     assert {w.name: w.process.returncode for w in workers if w.task_type != "chief"} == {
-        "worker 0": -signal.SIGTERM, "worker 1": -signal.SIGTERM, "ps 0": -signal.SIGTERM}
+        "worker 0": TERMINATED_EXIT, "worker 1": TERMINATED_EXIT, "ps 0": TERMINATED_EXIT}
 
 
 def test_a_worker_killed_mid_run_is_tolerated_and_the_run_ends_in_an_export(lost_worker_run):

@@ -33,7 +33,7 @@ RESUMED = {"type": "Suspended", "status": "False", "reason": "Resumed", "message
 TRAINJOB_FAILURES = {  # JobSet's reasons (jobset v0.12.0 pkg/constants), and Trainer's own deadline
     "FailedJobs": "jobset failed due to one or more job failures (first failed job: run-1-train-cnn-node-0)",
     "ReachedMaxRestarts": "jobset failed due to reaching max number of restarts",
-    "FailJobSetFailurePolicyAction": "jobset failed due to FailJobSet failure policy rule usage-error",
+    "FailJobSetFailurePolicyAction": "jobset failed due to FailJobSet failure policy rule usage_error",
     "DeadlineExceeded": "trainJob exceeded its activeDeadlineSeconds",
 }
 # The training operator v1.9.4's.
@@ -105,10 +105,12 @@ class FakeCluster:
     Workload list the next of `workloads`. A deletion finishes at the next look."""
 
     def __init__(self, kind: str, states: list[dict], existing: dict | None = None,
-                 pods: list[dict] | None = None, workloads: list[list[dict]] | None = None):
+                 pods: list[dict] | None = None, workloads: list[list[dict]] | None = None,
+                 warnings: list[dict] | None = None):
         self.kind, self.resource = kind, {"TrainJob": TRAINJOB, "TFJob": TFJOB}[kind]
         self.states, self.current, self.pods = list(states), existing, pods or []
         self.workloads = list(workloads or [])
+        self.warnings = warnings or []
         self.calls: list[str] = []
         self.created = self.deleting = False
 
@@ -140,6 +142,11 @@ class FakeCluster:
         assert self.kind == "TrainJob" and label_selector == f"kueue.x-k8s.io/job-uid={UID}"
         self.calls.append("workloads")
         return self.workloads.pop(0) if len(self.workloads) > 1 else (self.workloads or [[]])[0]
+
+    def list_warnings(self, namespace):
+        assert self.kind == "TrainJob"
+        self.calls.append("events")
+        return self.warnings
 
 
 def run(cluster: FakeCluster, timeout: float = 600, manifest: dict | None = None) -> tuple[str, list[str]]:
@@ -194,6 +201,79 @@ def test_a_trainjob_whose_workload_kueue_deactivated_fails_the_step_and_is_delet
     cluster = FakeCluster("TrainJob", [queued()], workloads=[[gave_up]])
     with pytest.raises(train_step.TrainingFailed, match="Kueue deactivated Workload trainjob-run-1-train-cnn-"
                                                          "8a1f3: DeactivatedDueToRequeuingLimitExceeded"):
+        run(cluster)
+    assert cluster.calls[-1] == "delete"
+
+
+def warning(reason: str, kind: str, name: str, message: str, uid: str | None = None,
+            at: str = "2026-11-27T10:00:05Z") -> dict:
+    involved = {"kind": kind, "name": name, "namespace": NAMESPACE, **({"uid": uid} if uid else {})}
+    return {"type": "Warning", "reason": reason, "involvedObject": involved, "message": message,
+            "lastTimestamp": at}
+
+
+CREATED_AT = "2026-11-27T10:00:00Z"
+# Trainer v2.3.0 when JobSet's webhook refuses the JobSet it builds (as the control-plane tier saw it).
+JOBSET_REFUSED = warning(
+    "TrainJobResourcesCreationFailed", "TrainJob", NAME,
+    'TrainJob resources reconciliation failed: admission webhook "vjobset.kb.io" denied the request: '
+    'spec.failurePolicy.rules[1].name: Invalid value: "usage-error": must match regex', uid=UID)
+
+
+def created(job: dict) -> dict:
+    job["metadata"]["creationTimestamp"] = CREATED_AT
+    return job
+
+
+@pytest.mark.parametrize("refusal", [
+    JOBSET_REFUSED,
+    warning("JobCreationFailed", "JobSet", NAME, f'jobs.batch "{NAME}-node-0" is invalid: spec.template: x'),
+    warning("FailedCreate", "Job", f"{NAME}-node-0",
+            f'Error creating: pods "{NAME}-node-0-0-x7k2p" is forbidden: error looking up service account '
+            'dist-ml/dist-ml-trainer: serviceaccount "dist-ml-trainer" not found'),
+])
+def test_a_controller_that_cannot_create_the_trainjobs_objects_fails_the_step_at_once_in_its_words(refusal):
+    """Trainer records only an event when it cannot create the JobSet: no condition would ever end the
+    wait. The step fails at its next look, quoting the controller, and deletes the job."""
+    cluster = FakeCluster("TrainJob", [created(running(0))], warnings=[refusal])
+    with pytest.raises(train_step.TrainingFailed) as failure:
+        run(cluster)
+    involved = refusal["involvedObject"]
+    assert str(failure.value) == (f"TrainJob {NAMESPACE}/{NAME} cannot start: {refusal['reason']} on "
+                                  f"{involved['kind']} {involved['name']}: {refusal['message']}")
+    assert cluster.calls.count("get") <= 3 and cluster.calls[-1] == "delete"
+
+
+@pytest.mark.parametrize("transient", [
+    warning("TrainJobResourcesCreationFailed", "TrainJob", NAME, "TrainJob resources reconciliation failed: "
+            'Operation cannot be fulfilled on jobsets.jobset.x-k8s.io "x": the object has been modified',
+            uid=UID),
+    warning("FailedCreate", "Job", f"{NAME}-node-0",
+            'Error creating: pods "p" is forbidden: exceeded quota: compute, requested: cpu=1'),
+    {**JOBSET_REFUSED, "involvedObject": {**JOBSET_REFUSED["involvedObject"], "uid": "an-earlier-one"}},
+    warning("JobCreationFailed", "JobSet", "run-1-train-cnn2", "jobs.batch is invalid"),  # another job's
+    warning("TrainJobResourcesCreationFailed", "TrainJob", NAME, JOBSET_REFUSED["message"], uid=UID,
+            at="2026-11-27T09:59:00Z"),  # before this TrainJob was created
+])
+def test_a_conflict_a_quota_or_another_jobs_warning_is_not_a_refusal_of_this_one(transient):
+    cluster = FakeCluster("TrainJob", [created(running()), created(trainjob(RESUMED, COMPLETE))],
+                          warnings=[transient])
+    done, _ = run(cluster)
+    assert "succeeded" in done
+
+
+@pytest.mark.parametrize("reserved", [
+    {"type": "QuotaReserved", "status": "False", "reason": "Inadmissible",
+     "message": "LocalQueue dist-ml-training doesn't exist"},
+    {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+     "message": "couldn't assign flavors to pod set node: insufficient quota for cpu in flavor "
+                "dist-ml-k3d, previously considered podsets requests (0) + current podset request (3) > "
+                "maximum capacity (2)"},
+])
+def test_a_workload_kueue_can_never_admit_fails_the_step_with_kueues_reason(reserved):
+    cluster = FakeCluster("TrainJob", [queued()], workloads=[[workload(reserved)]])
+    with pytest.raises(train_step.TrainingFailed, match=f"Kueue will never admit Workload .*: "
+                                                         f"{reserved['reason']}: "):
         run(cluster)
     assert cluster.calls[-1] == "delete"
 
@@ -347,7 +427,9 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants_and_a_gone_j
 
     objects = mock.Mock(**{method: recording(method) for method in verbs})
     core = mock.Mock(**{"list_namespaced_pod.side_effect":
-                        lambda *a, **k: made.add(("", "pods", "list")) or client.V1PodList(items=[])})
+                        lambda *a, **k: made.add(("", "pods", "list")) or client.V1PodList(items=[]),
+                        "list_namespaced_event.side_effect":
+                        lambda *a, **k: made.add(("", "events", "list")) or client.CoreV1EventList(items=[])})
     with mock.patch("kubernetes.config.load_incluster_config"), \
             mock.patch("kubernetes.client.CustomObjectsApi", lambda *a: objects), \
             mock.patch("kubernetes.client.CoreV1Api", lambda *a: core):
@@ -358,5 +440,6 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants_and_a_gone_j
         assert cluster.list_pods(NAMESPACE, "x=y") == []
         if engine == "trainjob":
             assert cluster.list_workloads(NAMESPACE, "x=y") == []
+            assert cluster.list_warnings(NAMESPACE) == []
     assert made == set(cluster_names.TRAIN_STEP_CALLS[engine])
     assert granted == made | set(cluster_names.API_CALLS)

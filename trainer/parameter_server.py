@@ -15,12 +15,13 @@ tolerance, https://www.tensorflow.org/api_docs/python/tf/distribute/coordinator/
 from __future__ import annotations
 
 import os
+import signal
 from typing import NoReturn, Sequence
 
 import tensorflow as tf
 import tf_keras as keras
 
-from common import cli
+from common import cli, termination
 from trainer import data
 from trainer.cluster import RPC_LAYER, ClusterConfigError, ClusterSpec, cluster_from_environment
 from trainer.fashion_mnist import Split
@@ -33,9 +34,14 @@ MIN_SHARD_BYTES = 64 << 10
 def serve_forever(cluster: ClusterSpec) -> NoReturn:
     """A worker or parameter server: host this task's TensorFlow server until the process is stopped."""
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster.cluster), job_name=cluster.task_type,
-                                  task_index=cluster.task_index, protocol=RPC_LAYER, start=True)
-    server.join()
-    raise AssertionError("tf.distribute.Server.join returned")  # it blocks for the server's lifetime
+                                  task_index=cluster.task_index, protocol=RPC_LAYER, start=False)
+    server.start()
+    print(f"parameter_server[{cluster.task_type}:{cluster.task_index}]: serving at "
+          f"{cluster.cluster[cluster.task_type][cluster.task_index]}", flush=True)
+    # Waiting in Python, not in server.join(): SIGTERM's handler (common.termination) can then end the
+    # process at once; join() would not return to Python for it to run.
+    while True:
+        signal.pause()
 
 
 def variable_partitioner(num_ps: int) -> tf.distribute.experimental.partitioners.Partitioner | None:
@@ -81,4 +87,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    termination.exit_on_sigterm("parameter_server")  # a ps pod's first process, stopped with SIGTERM
     cli.run("parameter_server", main, expected=(ClusterConfigError,))

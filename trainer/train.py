@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 import tf_keras as keras
 
-from common import cli
+from common import cli, termination
 from trainer import data, devices, export, models, parameter_server
 from trainer.atomic import staged_directory
 from trainer.cluster import LOCAL, RPC_LAYER, ClusterConfigError, ClusterSpec, cluster_from_environment
@@ -370,4 +370,5 @@ def run(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    termination.exit_on_sigterm("train")  # a pod's first process: the kubelet's SIGTERM must end it
     run()
