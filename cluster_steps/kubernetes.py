@@ -226,3 +226,8 @@ class TrainApi(KubernetesApi):
         found = self._objects.list_namespaced_custom_object(
             WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, label_selector=label_selector)
         return found["items"]
+
+    def list_warnings(self, namespace: str) -> list[dict]:
+        """The namespace's warning events (core/v1, which also shows those written as events.k8s.io)."""
+        events = self._core.list_namespaced_event(namespace, field_selector="type=Warning")
+        return self._api.sanitize_for_serialization(events)["items"]

@@ -74,7 +74,8 @@ API_CALLS = (
     ("", "pods/proxy", "get"),  # each predictor pod's /metrics
 )
 # Every API call a train step makes (cluster_steps.train), per engine: its job, the job's pods' states,
-# and for a TrainJob the Workload Kueue keeps for it (why it waits).
+# and for a TrainJob the Workload Kueue keeps for it (why it waits) and the warning events that say a
+# controller could not create its objects.
 TRAIN_STEP_CALLS = {
     TFJOB_ENGINE: (
         (TFJOB_GROUP, TFJOB_PLURAL, "get"), (TFJOB_GROUP, TFJOB_PLURAL, "create"),
@@ -86,6 +87,7 @@ TRAIN_STEP_CALLS = {
         (TRAINJOB_GROUP, TRAINJOB_PLURAL, "delete"),
         ("", "pods", "list"),
         (WORKLOAD_GROUP, WORKLOAD_PLURAL, "list"),
+        ("", "events", "list"),  # the controllers' refusals
     ),
 }
 

@@ -15,8 +15,19 @@ Complete (TrainJob) or Succeeded (TFJob) condition appears.
 
 A TrainJob waits in Kueue's queue, suspended, until the queue's quota admits all of its pods at once:
 that is waiting, not failing. The step says so with Kueue's reason (its Workload's QuotaReserved
-message), and the timeout covers the wait; a Workload Kueue deactivated (it gave up requeueing the
-job) fails the step.
+message), and the timeout covers the wait. What says the job will never start by itself fails the step
+within a poll, with the controller's own words (read in their code at the tags the stacks install):
+- Kueue: a Workload it deactivated (it gave up requeueing the job), or one it finds inadmissible (its
+  LocalQueue or ClusterQueue missing or inactive, its namespace not the queue's: reason Inadmissible),
+  or whose pods need more than the queue could ever hold ("... > maximum capacity").
+- A controller refused, on its warning event: Trainer cannot create the JobSet
+  (TrainJobResourcesCreationFailed, with no condition on the TrainJob: a JobSet its webhook refuses),
+  JobSet cannot create a Job or its headless Service (JobCreationFailed, HeadlessServiceCreationFailed),
+  or Kubernetes' Job controller cannot create a pod (FailedCreate) — each when the API server or a
+  webhook refused the object (denied, invalid, forbidden, not found), which it will be on every retry.
+Judged transient, and left to the controllers' retries and the timeout: those events for any other
+cause (a conflict, a timeout), Kueue's "insufficient unused quota" (waiting for others to finish), a
+suspended TrainJob with no Workload yet, and Kueue's waitForPodsReady evictions (it requeues them).
 
 Argo retries the step (retryStrategy): a retry finds the job it created, watches it if it still runs,
 succeeds if it has succeeded, and creates it anew if it failed, so a run that lost its pods (beyond
@@ -31,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from typing import Any, Callable, Protocol, Sequence
 
 from cluster_steps.kubernetes import (
@@ -56,6 +68,18 @@ from trainer.cluster import NODE_JOB
 DEFAULT_TIMEOUT_SECONDS = 6 * 3600.0
 DELETION_TIMEOUT_SECONDS = 300.0  # a failed job and its pods gone (foreground), before the retry
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"  # JobSet's count of its restarts, on pods
+# Warning events that say an object of a TrainJob's was not created, by reason, with the kind they are
+# recorded on: Trainer v2.3.0's (pkg/controller/trainjob_controller.go), JobSet v0.12.0's
+# (pkg/controllers/jobset_controller.go), Kubernetes' Job controller's (pkg/controller/job).
+NOT_CREATED = {"TrainJobResourcesCreationFailed": "TrainJob", "JobCreationFailed": "JobSet",
+               "HeadlessServiceCreationFailed": "JobSet", "FailedCreate": "Job"}
+# The API server's or a webhook's refusal: the same object is refused on every retry (Trainer builds the
+# JobSet from its snapshot of the runtime, taken once). A ResourceQuota's refusal passes once others end.
+REFUSED = re.compile(r"denied the request|is invalid|not found|is forbidden(?!: exceeded quota)")
+# Kueue v0.19.2's scheduler, when a pod set asks for more than the ClusterQueue could ever lend it
+# (pkg/scheduler/flavorassigner): "... > maximum capacity (...)".
+BEYOND_QUOTA = "> maximum capacity"
+INADMISSIBLE = "Inadmissible"  # Kueue's QuotaReserved reason for a missing or inactive queue
 
 
 class TrainingFailed(ClusterStepError):
@@ -70,6 +94,7 @@ class Cluster(Protocol):
     def delete_job(self, resource: CustomResource, namespace: str, name: str) -> None: ...
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]: ...
     def list_workloads(self, namespace: str, label_selector: str) -> list[dict]: ...
+    def list_warnings(self, namespace: str) -> list[dict]: ...
 
 
 def condition(job: dict, kind: str, status: str = "True") -> dict | None:
@@ -127,8 +152,35 @@ def trainjob_is_waiting(cluster: Cluster, namespace: str, job: dict) -> str | No
         raise TrainingFailed(f"Kueue deactivated Workload {workload['metadata']['name']}: "
                              f"{described(evicted) or 'spec.active is false'}")
     if reserved := condition(workload, "QuotaReserved", status="False"):
+        if reserved.get("reason") == INADMISSIBLE or BEYOND_QUOTA in reserved.get("message", ""):
+            raise TrainingFailed(f"Kueue will never admit Workload {workload['metadata']['name']} in "
+                                 f"{workload['spec'].get('queueName')}: {described(reserved)}")
         return f"queued by Kueue in {workload['spec'].get('queueName')}: {described(reserved)}"
     return f"suspended, Kueue's Workload {workload['metadata']['name']} admitting it"
+
+
+def trainjob_refusal(cluster: Cluster, namespace: str, job: dict) -> str | None:
+    """The first controller's warning that an object of this TrainJob (the TrainJob, its JobSet, the
+    JobSet's Jobs, all named after it) was refused, as `<reason> on <kind> <name>: <message>`."""
+    name, uid = job["metadata"]["name"], job["metadata"].get("uid")
+    since = job["metadata"].get("creationTimestamp") or ""
+    for event in cluster.list_warnings(namespace):
+        involved, reason = event.get("involvedObject") or {}, event.get("reason")
+        if NOT_CREATED.get(reason) != involved.get("kind") or not REFUSED.search(event.get("message") or ""):
+            continue
+        ours = (involved.get("uid") == uid if involved.get("kind") == "TrainJob"
+                else involved.get("name") == name or involved.get("name", "").startswith(f"{name}-"))
+        if ours and event_time(event) >= since:
+            message = (event.get("message") or "").strip()
+            return f"{reason} on {involved['kind']} {involved.get('name')}: {message}"
+    return None
+
+
+def event_time(event: dict) -> str:
+    """When it last happened (RFC 3339 text, which sorts as time), from a core/v1 or an events.k8s.io
+    event (controller-runtime's recorder writes the latter: eventTime, or its series')."""
+    return ((event.get("series") or {}).get("lastObservedTime") or event.get("lastTimestamp")
+            or event.get("eventTime") or event.get("firstTimestamp") or "")
 
 
 def trainjob_name_limit_of(manifest: dict) -> int:
@@ -138,15 +190,21 @@ def trainjob_name_limit_of(manifest: dict) -> int:
     return trainjob_name_limit({NODE_JOB: manifest["spec"]["trainer"]["numNodes"]})
 
 
+def no_refusal(cluster: Cluster, namespace: str, job: dict) -> str | None:
+    return None  # the training operator's refusals are not read (the control-plane tier does not run it)
+
+
 @dataclasses.dataclass(frozen=True)
 class Engine:
     """One engine's side of the step: its resource, the condition that ends it well, how its pods are
-    found, what its progress shows, why it waits, and the longest name its controllers accept."""
+    found, what its progress shows, why it waits, what says it will never start, and the longest name
+    its controllers accept."""
     resource: CustomResource
     succeeded: str
     pod_label: str
     progress: Callable[[dict, list[dict]], str]
     waiting: Callable[[Cluster, str, dict], str | None]
+    refusal: Callable[[Cluster, str, dict], str | None]
     name_limit: Callable[[dict], int]
 
     @property
@@ -155,9 +213,9 @@ class Engine:
 
 
 ENGINES = {engine.kind: engine for engine in (
-    Engine(TFJOB, "Succeeded", TFJOB_NAME_LABEL, tfjob_progress, tfjob_is_waiting,
+    Engine(TFJOB, "Succeeded", TFJOB_NAME_LABEL, tfjob_progress, tfjob_is_waiting, no_refusal,
            lambda manifest: DNS_LABEL_LENGTH),
-    Engine(TRAINJOB, "Complete", JOBSET_NAME_LABEL, trainjob_progress, trainjob_is_waiting,
+    Engine(TRAINJOB, "Complete", JOBSET_NAME_LABEL, trainjob_progress, trainjob_is_waiting, trainjob_refusal,
            trainjob_name_limit_of),
 )}
 
@@ -215,6 +273,8 @@ def watch(cluster: Cluster, engine: Engine, namespace: str, name: str, timeout_s
             return f"{what} succeeded ({described(found)})"
         if found := condition(job, "Failed"):
             raise TrainingFailed(f"{what} failed: {described(found)}")
+        if refused := engine.refusal(cluster, namespace, job):
+            raise TrainingFailed(f"{what} cannot start: {refused}")
         pods = cluster.list_pods(namespace, f"{engine.pod_label}={name}")
         for pod in pods:
             if failure := pod_failure(pod):
