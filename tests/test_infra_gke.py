@@ -271,6 +271,35 @@ def gpu_stack() -> render.Rendered:
     return render.render("gke", gke_values(cluster=GPU_STACK))
 
 
+# --- GKE facts no code here can run: settled from GKE's documentation (docs/guides/deploy-gke.md) ----
+
+def test_the_stack_declares_no_firewall_rule_for_the_gateways_proxies(gke_stack, public_gke_stack):
+    """GKE opens the way from the internal Gateway's proxies (gke-l7-rilb, in the proxy-only subnet) to
+    the predictor pods itself: "GKE creates firewall rules automatically when creating the following
+    resources: GKE clusters, GKE Services, GKE Gateways and HTTPRoutes, GKE Ingresses"
+    (https://cloud.google.com/kubernetes-engine/docs/concepts/firewall-rules, "Automatically created
+    firewall rules": gkegw1-l7-<network>-<region> allows the proxy-only subnet to the pods' ports).
+    A rule of ours would duplicate it; a Shared VPC, where GKE may not write the host project's rules,
+    is not a network this stack makes (infra/network.py)."""
+    for rendered in (gke_stack, public_gke_stack):
+        assert not rendered.of_type("gcp:compute/firewall:Firewall")
+        assert rendered.of_type("gcp:compute/subnetwork:Subnetwork")  # the stack's own network
+
+
+def test_the_gpu_pool_declares_gkes_own_gpu_taint_exactly(gpu_stack):
+    """GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule only in some cases ("When you add a GPU
+    node pool to an existing cluster that already runs a non-GPU node pool, GKE automatically taints
+    the GPU nodes", https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#taint), so the pool
+    declares it, with GKE's own key, value and effect: the provider reports drift only on the taints
+    it manages (Pulumi GCP nodeConfig.taints: "This field will only report drift on taint keys that are
+    already managed with Pulumi, use effectiveTaints to view the list of GKE-managed taints"), so the
+    taint GKE would add is the same one and `pulumi up` shows no diff; another value for the same key
+    and effect is GKE's "Found more than one taint with key nvidia.com/gpu" error
+    (hashicorp/terraform-provider-google#7928)."""
+    assert pools_of(gpu_stack)["cluster-gpu-pool"]["nodeConfig"]["taints"] == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+
+
 def test_the_gpu_pool_has_its_driver_installed_as_configured(gpu_stack):
     (accelerator,) = pools_of(gpu_stack)["cluster-gpu-pool"]["nodeConfig"]["guestAccelerators"]
     assert accelerator["gpuDriverInstallationConfig"] == {"gpuDriverVersion": "LATEST"}
