@@ -68,12 +68,27 @@ PYTEST_WORKERS ?= auto
 # core busy, and a test that needs one of them waits for it.
 # Prometheus, which the autoscaling query's test scrapes the server with, is unpacked from Debian's
 # package (tools/prometheus.py, standard library only) beside them: a few seconds, done before pytest.
+# The control-plane tier (tests/cluster/, make test-cluster) runs beside them, from the moment .venv is
+# there: building its Go programs the first time keeps both cores busy for many minutes, and once built
+# its tests mostly wait on the controllers. Its output is printed when it ends.
+TIER_LOG = .cache/control-plane/test.log
 test:
 	$(PYTHON) -m tools.virtualenvs & built=$$!; \
 	$(PYTHON) -m tools.prometheus & prometheus=$$!; \
-	$(MAKE) --no-print-directory $(INSTALLED) && $(PY) -m ruff check . && wait $$prometheus && \
+	$(MAKE) --no-print-directory $(INSTALLED) || exit 1; \
+	mkdir -p $(dir $(TIER_LOG)); $(PY) -m tools.control_plane test > $(TIER_LOG) 2>&1 & tier=$$!; \
+	$(PY) -m ruff check . && wait $$prometheus && \
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope; tested=$$?; \
-	wait $$built && exit $$tested || exit 1
+	wait $$tier; tiered=$$?; echo "--- the control-plane tier (make test-cluster) ---"; cat $(TIER_LOG); \
+	wait $$built && [ $$tested = 0 ] && exit $$tiered || exit 1
+
+# The control-plane tier alone: the real API server and the controllers the stacks install, built
+# from the Go module proxy (once; Go's caches keep them), then tests/cluster/ in a network namespace of
+# its own. One test: make test-cluster TIER_ARGS="-k usage_error". docs/development.md says more.
+TIER_ARGS ?=
+.PHONY: test-cluster
+test-cluster: $(INSTALLED)
+	$(PY) -m tools.control_plane test $(TIER_ARGS)
 
 test-fast: $(INSTALLED)
 	$(PY) -m ruff check .

@@ -19,8 +19,10 @@ import pytest
 
 from testdata import fixtures
 from testdata.crd_schema import validate_manifest
+from tools.control_plane.cluster import NAMESPACE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_TESTS = REPO_ROOT / "tests" / "cluster"
 # Values of CI that mean "every test must run": GitHub Actions and the project's CI set CI=true.
 CI_VALUES = {"true", "1", "yes"}
 T = TypeVar("T")
@@ -29,6 +31,14 @@ T = TypeVar("T")
 # Fixtures that train or export a model: a test that uses one, directly or through another fixture,
 # is slow (`make test-fast` leaves it out), whatever its module.
 TRAINING_FIXTURES = frozenset({"two_worker_export", "one_worker_export", "published_repo", "constant_export"})
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    """tests/cluster/ runs only in the control-plane tier's own namespaces, with its plugin: `make
+    test-cluster` (or `python -m tools.control_plane test`); any other run leaves it out."""
+    if collection_path == CLUSTER_TESTS and os.environ.get(NAMESPACE_ENV) != "1":
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

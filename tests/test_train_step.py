@@ -33,7 +33,9 @@ RESUMED = {"type": "Suspended", "status": "False", "reason": "Resumed", "message
 TRAINJOB_FAILURES = {  # JobSet's reasons (jobset v0.12.0 pkg/constants), and Trainer's own deadline
     "FailedJobs": "jobset failed due to one or more job failures (first failed job: run-1-train-cnn-node-0)",
     "ReachedMaxRestarts": "jobset failed due to reaching max number of restarts",
-    "FailJobSetFailurePolicyAction": "jobset failed due to FailJobSet failure policy rule usage_error",
+    # As JobSet says it (seen by the control-plane tier, tests/cluster/test_train.py).
+    "FailJobSetFailurePolicyAction": "applying FailJobSet failure policy action (first failed job: "
+                                     "run-1-train-cnn-node-0)",
     "DeadlineExceeded": "trainJob exceeded its activeDeadlineSeconds",
 }
 # The training operator v1.9.4's.
@@ -217,7 +219,10 @@ CREATED_AT = "2026-11-27T10:00:00Z"
 JOBSET_REFUSED = warning(
     "TrainJobResourcesCreationFailed", "TrainJob", NAME,
     'TrainJob resources reconciliation failed: admission webhook "vjobset.kb.io" denied the request: '
-    'spec.failurePolicy.rules[1].name: Invalid value: "usage-error": must match regex', uid=UID)
+    f'JobSet.jobset.x-k8s.io "{NAME}" is invalid: <nil>: Internal error: invalid failure policy rule name '
+    "'usage-error', a failure policy rule name must start with an alphabetic character, optionally "
+    "followed by a string of alphanumeric characters or '_,:', and must end with an alphanumeric "
+    "character or '_'", uid=UID)
 
 
 def created(job: dict) -> dict:

@@ -34,6 +34,10 @@ Ipv4Address = matching(rf"^{OCTET}(\.{OCTET}){{3}}$", "an IPv4 address like 127.
 # Docker publishes a port on this address of the host: loopback keeps the model to this machine;
 # 0.0.0.0 (every interface) would publish it to whoever reaches the machine's network.
 LOOPBACK = "127.0.0.1"
+# The Docker VM (Docker Desktop's, or the machine itself) the local defaults are sized for: the
+# platform, serving and two training steps (tests/test_cluster_contracts.py; the control-plane tier's
+# node has this capacity).
+DOCKER_VM = {"cpu": "4", "memory": "8Gi"}
 EVERY_INTERFACE = "0.0.0.0"
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany"]
 ACCESS_MODES = get_args(AccessMode)
@@ -68,7 +72,7 @@ class K3dConfig(Section):
     ports: tuple[PortMapping, ...] = Field((PortMapping(host=8088, container=80),),
                                            description="host port -> k3d load balancer port")
     # Two training steps of Pulumi.local.yaml at a time (2 x 2 workers x 500m CPU, 1Gi) beside serving
-    # and the platform, in a 4-CPU, 8-GiB Docker VM (tests/test_cluster_contracts.py checks the sum).
+    # and the platform, in the Docker VM of DOCKER_VM (tests/test_cluster_contracts.py checks the sum).
     training_quota: TrainingQuota = Field(
         TrainingQuota(cpu="2", memory="4Gi"),
         description="what the cluster holds for training, Kueue's quota (pipeline.engine trainjob)")

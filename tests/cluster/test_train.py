@@ -1,0 +1,179 @@
+"""The train step (python -m cluster_steps.train) against the real controllers, as the workflow's pods
+run it (its own process, the workflow's service account): TrainJob -> Trainer v2 -> JobSet -> Jobs ->
+pods, admitted whole by Kueue; KWOK runs the pods, and each test ends them with the exit status a
+process would have."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from conftest import REPO_ROOT
+from stack_checks import stack_values
+from tier_helpers import NAMESPACE, by_index, delete_all, end, running_pods, train_step, trainjob
+
+from cluster_steps.names import JOBSET_NAME_LABEL, TRAINING_QUEUE
+from pipeline.manifests import RUNTIME_NAME, USAGE_ERROR_EXIT
+from stacks import render
+from trainer.cluster import cluster_from_environment
+
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
+NODES = 2  # Pulumi.local.yaml's pipeline.workers
+# How soon a step must end once a controller says the job will never start: one poll of the step's,
+# its start, and the controllers' reaction.
+FAIL_FAST_SECONDS = 60
+
+
+@pytest.fixture(autouse=True)
+def no_trainjob_left(tier):
+    yield
+    delete_all(tier.api, TRAINJOB_API, "TrainJob", JOBSET_NAME_LABEL)
+
+
+def resolved_env(pod: dict, container: str) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: values, the downward API's fields from the
+    pod's own metadata, and an Indexed Job's JOB_COMPLETION_INDEX."""
+    (spec,) = [c for c in pod["spec"]["containers"] if c["name"] == container]
+    env = {"JOB_COMPLETION_INDEX": pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]}
+    for item in spec.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+            continue
+        field, _, key = item["valueFrom"]["fieldRef"]["fieldPath"].partition("['")
+        env[item["name"]] = pod["metadata"][field.removeprefix("metadata.")][key.removesuffix("']")]
+    return env
+
+
+def test_a_trainjob_runs_whole_on_the_runtime_and_the_step_succeeds_when_it_completes(
+    tier, rendered, workflow
+):
+    manifest = trainjob(rendered, "t1-train-cnn")
+    step = train_step(workflow, manifest)
+    pods = running_pods(tier.api, "t1-train-cnn", NODES, step=step)
+    (workload,) = tier.api.list(
+        "kueue.x-k8s.io/v1beta2",
+        "Workload",
+        NAMESPACE,
+        label_selector=f"kueue.x-k8s.io/job-uid={tier_uid(tier, 't1-train-cnn')}",
+    )
+    assert any(c["type"] == "Admitted" and c["status"] == "True" for c in workload["status"]["conditions"])
+    clusters = set()
+    for index, pod in sorted(by_index(pods, "node").items()):
+        assert pod["spec"]["hostname"] == f"t1-train-cnn-node-0-{index}"
+        assert pod["spec"]["subdomain"] == "t1-train-cnn"
+        assert pod["spec"]["nodeName"] == tier.node_name
+        assert pod["spec"]["serviceAccountName"] == "dist-ml-trainer"
+        (node,) = pod["spec"]["containers"]
+        assert node["command"] == manifest["spec"]["trainer"]["command"]
+        spec = cluster_from_environment(resolved_env(pod, "node"))
+        assert spec.cluster["worker"][spec.task_index] == f"t1-train-cnn-node-0-{index}.t1-train-cnn:2222"
+        clusters.add(json.dumps(spec.cluster, sort_keys=True))
+    assert len(clusters) == 1  # every pod builds the same cluster
+    end(tier.api, pods, 0)
+    assert step.wait() == 0, step.output
+    assert "train: TrainJob dist-ml/t1-train-cnn succeeded" in step.output
+
+
+def tier_uid(tier, name: str) -> str:
+    return tier.api.get(TRAINJOB_API, "TrainJob", name, NAMESPACE)["metadata"]["uid"]
+
+
+def test_a_lost_pod_restarts_the_whole_set_and_training_goes_on(tier, rendered, workflow):
+    step = train_step(workflow, trainjob(rendered, "t2-train-cnn"))
+    first = running_pods(tier.api, "t2-train-cnn", NODES, step=step)
+    end(tier.api, first[:1], 1)  # one worker lost: its Job fails, JobSet restarts every Job
+    second = running_pods(tier.api, "t2-train-cnn", NODES, attempt=1, step=step)
+    step.says("(restarted 1 time(s) after a lost pod)")
+    end(tier.api, second, 0)
+    assert step.wait() == 0, step.output
+
+
+def test_restarts_are_bounded_by_the_failure_policy_and_the_step_fails_with_jobsets_reason(
+    tier, rendered, workflow
+):
+    step = train_step(workflow, trainjob(rendered, "t3-train-cnn"))
+    runtime = tier.api.get(TRAINJOB_API, "ClusterTrainingRuntime", RUNTIME_NAME)
+    restarts = runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"]
+    for attempt in range(restarts + 1):
+        end(tier.api, running_pods(tier.api, "t3-train-cnn", NODES, attempt, step=step)[:1], 1)
+    assert step.wait() == 1
+    assert "train: TrainJob dist-ml/t3-train-cnn failed: ReachedMaxRestarts" in step.output
+
+
+def test_a_usage_error_fails_the_set_at_once_and_the_step_says_jobsets_rule(tier, rendered, workflow):
+    step = train_step(workflow, trainjob(rendered, "t4-train-cnn"))
+    end(tier.api, running_pods(tier.api, "t4-train-cnn", NODES, step=step)[:1], USAGE_ERROR_EXIT)
+    assert step.wait() == 1
+    assert (
+        "train: TrainJob dist-ml/t4-train-cnn failed: FailJobSetFailurePolicyAction: applying FailJobSet "
+        "failure policy action (first failed job: t4-train-cnn-node-0)"
+    ) in step.output
+    assert "restarted" not in step.output  # failed at once, not after JobSet's restarts
+
+
+def test_a_trainjob_beyond_the_free_quota_waits_in_kueues_queue_and_runs_when_quota_frees(
+    tier, rendered, workflow
+):
+    """The local quota holds two 2-node TrainJobs at once; a third waits, admitted when one ends."""
+    first = {name: train_step(workflow, trainjob(rendered, name)) for name in ("t5-a", "t5-b")}
+    running = {name: running_pods(tier.api, name, NODES, step=step) for name, step in first.items()}
+    third = train_step(workflow, trainjob(rendered, "t5-c"))
+    third.says(
+        f"t5-c: queued by Kueue in {TRAINING_QUEUE}: Pending: couldn't assign flavors to pod set node: "
+        "insufficient unused quota"
+    )
+    end(tier.api, running["t5-a"], 0)
+    end(tier.api, running_pods(tier.api, "t5-c", NODES, step=third), 0)
+    end(tier.api, running["t5-b"], 0)
+    steps = [*first.values(), third]
+    assert [step.wait() for step in steps] == [0, 0, 0], [step.output for step in steps]
+
+
+def test_under_parameter_servers_the_chiefs_success_completes_the_trainjob(tier, rendered, workflow):
+    """The parameter-server runtime: the node job (chief, workers) and the ps job; the chief's pod
+    (node index 0) succeeding ends the node Job (its successPolicy) and the JobSet, whose other pods
+    never exit by themselves."""
+    ps_rendered = render.render(
+        "local",
+        stack_values(
+            REPO_ROOT / "Pulumi.local.yaml", pipeline={"variants": ["cnn"], "strategy": "parameter-server"}
+        ),
+    )
+    runtime = [obj for obj in ps_rendered.objects if obj["kind"] == "ClusterTrainingRuntime"][0]
+    tier.api.apply(runtime)
+    manifest = trainjob(ps_rendered, "t6-train-cnn")
+    assert manifest["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    step = train_step(workflow, manifest)
+    pods = running_pods(tier.api, "t6-train-cnn", NODES + 2, step=step)  # chief, 2 workers, 1 ps
+    assert set(by_index(pods, "ps")) == {0}
+    end(tier.api, [by_index(pods, "node")[0]], 0)
+    assert step.wait() == 0, step.output
+
+
+def test_a_runtime_jobsets_webhook_refuses_fails_the_step_within_a_minute_quoting_trainer(
+    tier, rendered, workflow
+):
+    """The defect this tier was built to see: a failure-policy rule name with a hyphen. Trainer's own
+    webhook accepts the runtime; JobSet's refuses the JobSet Trainer builds from it, and Trainer only
+    records an event. The step fails quoting it, well before any timeout."""
+    runtime = copy.deepcopy(tier.api.get(TRAINJOB_API, "ClusterTrainingRuntime", RUNTIME_NAME))
+    runtime = {
+        "apiVersion": TRAINJOB_API,
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "hyphenated-rules"},
+        "spec": runtime["spec"],
+    }
+    for rule in runtime["spec"]["template"]["spec"]["failurePolicy"]["rules"]:
+        rule["name"] = rule["name"].replace("_", "-") + "-rule"
+    tier.api.apply(runtime)
+    manifest = trainjob(rendered, "t7-train-cnn")
+    manifest["spec"]["runtimeRef"]["name"] = "hyphenated-rules"
+    step = train_step(workflow, manifest)
+    assert step.wait() == 1
+    assert step.seconds < FAIL_FAST_SECONDS, step.output
+    assert (
+        "train: TrainJob dist-ml/t7-train-cnn cannot start: TrainJobResourcesCreationFailed on TrainJob "
+        "t7-train-cnn: " in step.output
+    )
+    assert "denied the request" in step.output and "-rule" in step.output, step.output

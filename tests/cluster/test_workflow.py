@@ -1,0 +1,112 @@
+"""The workflow on Argo's real controller, and the workflow's rights asked of the real authorizer."""
+
+from __future__ import annotations
+
+import re
+
+from tier_helpers import NAMESPACE
+
+from cluster_steps import names as cluster_names
+from infra.pipeline import EXECUTOR_RULE
+from pipeline import argo
+
+WORKFLOW_API = "argoproj.io/v1alpha1"
+ACCOUNT = "dist-ml-pipeline"  # Pulumi.local.yaml's pipeline.serviceAccountName
+SUBJECT = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+STARTED_SECONDS = 90
+
+
+def test_a_workflow_submitted_from_the_template_runs_its_first_step_as_the_workflows_account(
+    tier, local_stack_objects
+):
+    """Argo's controller accepts the WorkflowTemplate the stack installs: a Workflow that names it is
+    validated and its first step (ingest, memoized) gets a pod under the workflow's service account,
+    its memo cache in Argo's namespace."""
+    workflow = argo.workflow()  # `kubectl create -f` of what `pipeline render` writes
+    metadata = {**workflow["metadata"], "namespace": NAMESPACE}
+    created = tier.api.create({**workflow, "metadata": metadata})
+    name = created["metadata"]["name"]
+
+    def first_pod():
+        phase = (tier.api.get(WORKFLOW_API, "Workflow", name, NAMESPACE).get("status") or {}).get("phase")
+        assert phase in (None, "Pending", "Running"), tier.api.get(WORKFLOW_API, "Workflow", name, NAMESPACE)
+        return tier.api.list("v1", "Pod", NAMESPACE, label_selector=f"workflows.argoproj.io/workflow={name}")
+
+    (pod,) = tier.api.wait(first_pod, "the workflow's first pod", STARTED_SECONDS)
+    assert pod["spec"]["serviceAccountName"] == ACCOUNT
+    # `<workflow>.ingest(0)`: the first try of the step (its retryStrategy's)
+    assert re.fullmatch(
+        rf"{name}\.ingest\(0\)", pod["metadata"]["annotations"]["workflows.argoproj.io/node-name"]
+    )
+    cache = tier.api.get("v1", "ConfigMap", argo.MEMO_CACHE_NAME, argo.ARGO_NAMESPACE)
+    assert cache["metadata"]["labels"][argo.MEMO_CACHE_LABEL] == "Cache"
+    tier.api.delete(WORKFLOW_API, "Workflow", name, NAMESPACE)
+
+
+def rules_of(review: dict) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in review["status"]["resourceRules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_workflows_account_may_make_every_call_its_steps_make_and_nothing_else(tier, local_stack_objects):
+    """Asked of the real authorizer (RBAC): every call of the train and serve steps is allowed for the
+    workflow's service account; what its rules allow in its namespace is exactly those calls, the
+    executor's, and what every authenticated user may do."""
+    for group, resource, verb in {*cluster_names.API_CALLS, *cluster_names.TRAIN_STEP_CALLS["trainjob"]}:
+        main, _, sub = resource.partition("/")
+        review = tier.api.create(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": SUBJECT,
+                    "groups": [
+                        "system:serviceaccounts",
+                        f"system:serviceaccounts:{NAMESPACE}",
+                        "system:authenticated",
+                    ],
+                    "resourceAttributes": {
+                        "namespace": NAMESPACE,
+                        "group": group,
+                        "resource": main,
+                        "subresource": sub,
+                        "verb": verb,
+                    },
+                },
+            }
+        )
+        assert review["status"]["allowed"], (group, resource, verb, review["status"])
+    workflow = tier.kubeconfig_for(NAMESPACE, ACCOUNT, "workflow-rules")
+    as_workflow = type(tier.api)(workflow)
+    mine = rules_of(
+        as_workflow.create(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectRulesReview",
+                "spec": {"namespace": NAMESPACE},
+            }
+        )
+    )
+    nobody = tier.kubeconfig_for("default", "default", "anybody")
+    everyone = rules_of(
+        type(tier.api)(nobody).create(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectRulesReview",
+                "spec": {"namespace": NAMESPACE},
+            }
+        )
+    )
+    executor = {
+        (group, resource, verb)
+        for group in EXECUTOR_RULE["apiGroups"]
+        for resource in EXECUTOR_RULE["resources"]
+        for verb in EXECUTOR_RULE["verbs"]
+    }
+    expected = {*cluster_names.API_CALLS, *cluster_names.TRAIN_STEP_CALLS["trainjob"], *executor}
+    assert mine - everyone == expected

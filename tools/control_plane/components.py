@@ -1,0 +1,192 @@
+"""What the tier runs and at which version: each upstream program at the version the stacks install,
+read from the stacks' own config (Pulumi.local.yaml, parsed as `pulumi up` parses it), never a second
+copy. Where a version follows from another (JobSet from Trainer's overlay, etcd from Kubernetes'
+go.mod), it is read from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STACKS = ("local", "gke")
+# KWOK simulates the nodes and the pods' lifecycle: the tier's own tool, not something a stack installs.
+KWOK_VERSION = "v0.8.0"
+# Helm renders the charts the stacks install (Kueue's, KServe's) with the values the stacks give them,
+# as Pulumi's helm.v4.Chart does with Helm v3's engine.
+HELM_VERSION = "v3.22.0"
+# Trainer's manager overlay installs JobSet from its release manifests; the tag names the version
+# (kubeflow/trainer manifests/third-party/jobset/kustomization.yaml).
+JOBSET_RELEASE = re.compile(r"kubernetes-sigs/jobset/releases/download/(v[0-9]+\.[0-9]+\.[0-9]+)/")
+K3S_IMAGE = re.compile(r"^rancher/k3s:(v[0-9]+\.[0-9]+\.[0-9]+)-k3s[0-9]+$")
+
+
+class PinError(RuntimeError):
+    """The stacks' pins cannot be read, or disagree; the message says which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One upstream Go module and the programs the tier builds from it."""
+
+    name: str
+    module: str
+    version: str
+    commands: tuple[str, ...]  # main packages, built with `go tool`
+    pinned_by: str  # where the version comes from, for the start line
+
+    def command(self, package_suffix: str) -> str:
+        """The full package path of the command whose path ends with `package_suffix`."""
+        (found,) = [command for command in self.commands if command.endswith(package_suffix)]
+        return found
+
+
+def kubernetes(version: str) -> Component:
+    cmd = "k8s.io/kubernetes/cmd/"
+    return Component(
+        "kubernetes",
+        "k8s.io/kubernetes",
+        version,
+        tuple(
+            cmd + name for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+        ),
+        "cluster.k3sImage",
+    )
+
+
+def etcd(version: str) -> Component:
+    # etcd's server module is its binary's main package (go.etcd.io/etcd/server/v3/main.go).
+    return Component(
+        "etcd",
+        "go.etcd.io/etcd/server/v3",
+        version,
+        ("go.etcd.io/etcd/server/v3",),
+        "the etcd client Kubernetes' go.mod requires",
+    )
+
+
+def jobset(version: str) -> Component:
+    return Component(
+        "jobset", "sigs.k8s.io/jobset", version, ("sigs.k8s.io/jobset",), "Kubeflow Trainer's manager overlay"
+    )
+
+
+def trainer(version: str) -> Component:
+    return Component(
+        "trainer",
+        "github.com/kubeflow/trainer/v2",
+        version,
+        ("github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",),
+        "platform.trainerVersion",
+    )
+
+
+def kueue(version: str) -> Component:
+    return Component(
+        "kueue", "sigs.k8s.io/kueue", version, ("sigs.k8s.io/kueue/cmd/kueue",), "platform.kueueVersion"
+    )
+
+
+def kserve(version: str) -> Component:
+    return Component(
+        "kserve",
+        "github.com/kserve/kserve",
+        version,
+        ("github.com/kserve/kserve/cmd/manager",),
+        "platform.kserveVersion",
+    )
+
+
+def argo(version: str) -> Component:
+    return Component(
+        "argo",
+        "github.com/argoproj/argo-workflows/v4",
+        version,
+        ("github.com/argoproj/argo-workflows/v4/cmd/workflow-controller",),
+        "platform.argoVersion",
+    )
+
+
+def keda(version: str) -> Component:
+    keda_cmd = "github.com/kedacore/keda/v2/cmd/"
+    return Component(
+        "keda",
+        "github.com/kedacore/keda/v2",
+        version,
+        (keda_cmd + "operator", keda_cmd + "webhooks"),
+        "platform.kedaVersion",
+    )
+
+
+def helm(version: str = HELM_VERSION) -> Component:
+    return Component(
+        "helm", "helm.sh/helm/v3", version, ("helm.sh/helm/v3/cmd/helm",), "the tier (HELM_VERSION)"
+    )
+
+
+def kwok(version: str = KWOK_VERSION) -> Component:
+    return Component(
+        "kwok", "sigs.k8s.io/kwok", version, ("sigs.k8s.io/kwok/cmd/kwok",), "the tier (KWOK_VERSION)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StackPins:
+    """The versions one stack's config installs."""
+
+    kubernetes: str | None  # a k3d stack's k3s image; None where the cloud picks it (GKE's channel)
+    trainer: str
+    kueue: str
+    kserve: str
+    argo: str
+    keda: str
+
+
+def stack_pins(stack: str) -> StackPins:
+    """Pulumi.<stack>.yaml's versions, parsed and defaulted as the Pulumi program parses them."""
+    from stacks.config import from_pulumi_values, parse_stack_config
+    from stacks.render import pulumi_values
+
+    values = pulumi_values(ROOT / f"Pulumi.{stack}.yaml")
+    if stack == "gke":  # the provider's keys the gke stack requires; no version depends on them
+        values = {"gcp:project": "dist-ml-pins", "gcp:region": "us-central1", **values}
+    config = parse_stack_config(from_pulumi_values(values))
+    platform = config.platform
+    image = getattr(config.cluster, "k3s_image", None)
+    if image is not None and not (match := K3S_IMAGE.match(image)):
+        raise PinError(f"Pulumi.{stack}.yaml: cluster.k3sImage {image!r} names no Kubernetes release")
+    return StackPins(
+        kubernetes=match.group(1) if image else None,
+        trainer=platform.trainer_version,
+        kueue=platform.kueue_version,
+        kserve=platform.kserve_version,
+        argo=platform.argo_version,
+        keda="v" + platform.keda_version.removeprefix("v"),
+    )
+
+
+def pins() -> StackPins:
+    """The versions every stack installs: one tier judges both stacks' objects, so they must agree."""
+    local, *others = [stack_pins(stack) for stack in STACKS]
+    for stack, other in zip(STACKS[1:], others):
+        for field in dataclasses.fields(StackPins):
+            mine, theirs = getattr(local, field.name), getattr(other, field.name)
+            if theirs is not None and theirs != mine:
+                raise PinError(
+                    f"Pulumi.{stack}.yaml installs {field.name} {theirs} and Pulumi.local.yaml "
+                    f"{mine}: the tier runs one version of each"
+                )
+    if local.kubernetes is None:
+        raise PinError("Pulumi.local.yaml: no k3s image, so no Kubernetes version to run")
+    return local
+
+
+def jobset_version(trainer_module_dir: Path) -> str:
+    """The JobSet release Trainer's manager overlay installs, read from that overlay."""
+    overlay = trainer_module_dir / "manifests" / "third-party" / "jobset" / "kustomization.yaml"
+    found = JOBSET_RELEASE.findall(overlay.read_text())
+    if len(set(found)) != 1:
+        raise PinError(f"{overlay}: expected one JobSet release, found {found or 'none'}")
+    return found[0]

@@ -1,0 +1,218 @@
+"""The tier's nodes, simulated by KWOK: Node objects with the labels, taints and capacity of the stack's
+cluster, kept Ready by KWOK's node stages (heartbeats through leases), and pods on them driven by its
+pod stages: scheduled pods start and become Ready at once (KWOK's pod-ready); a pod annotated with
+EXIT_CODE_ANNOTATION ends with that exit status in every container, as a process would (the tier's
+own stage); one annotated with CRASH_LOOP_ANNOTATION has containers the kubelet keeps restarting
+(CrashLoopBackOff); a deleted pod goes (KWOK's pod-delete).
+
+The local stack's cluster is one k3d server node (k3s labels it; it has no taints) in the Docker VM
+the local defaults are sized for (stacks/kinds/k3d.py DOCKER_VM).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from stacks.kinds.k3d import DOCKER_VM
+
+KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
+EXIT_CODE_ANNOTATION = "dist-ml.tier/exit-code"
+CRASH_LOOP_ANNOTATION = "dist-ml.tier/crash-loop"
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+PODS_PER_NODE = "110"  # the kubelet's default maxPods
+POD_CIDR = "10.244.1.0/24"  # KWOK's pod addresses, on the tier's bridge network
+NODE_IP = "10.244.0.2"
+
+POD_EXIT_STAGE = f"""
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: dist-ml-tier-pod-exit
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.annotations["{EXIT_CODE_ANNOTATION}"]'
+      operator: 'Exists'
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      {{{{ $code := index .metadata.annotations "{EXIT_CODE_ANNOTATION}" }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: Ready
+        reason: PodCompleted
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: ContainersReady
+        reason: PodCompleted
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: {{{{ $code }}}}
+            finishedAt: {{{{ $now | Quote }}}}
+            reason: {{{{ if eq $code "0" }}}}Completed{{{{ else }}}}Error{{{{ end }}}}
+            startedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      phase: {{{{ if eq $code "0" }}}}Succeeded{{{{ else }}}}Failed{{{{ end }}}}
+"""
+
+
+POD_CRASH_LOOP_STAGE = f"""
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: dist-ml-tier-pod-crash-loop
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'In'
+      values: ['True']
+    - key: '.metadata.annotations["{CRASH_LOOP_ANNOTATION}"]'
+      operator: 'Exists'
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: Ready
+        reason: ContainersNotReady
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: ContainersReady
+        reason: ContainersNotReady
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        restartCount: 3
+        started: false
+        state:
+          waiting:
+            reason: CrashLoopBackOff
+            message: back-off 40s restarting failed container={{{{ .name }}}}
+        lastState:
+          terminated:
+            exitCode: 1
+            reason: Error
+            message: the tier's simulated crash
+            finishedAt: {{{{ $now | Quote }}}}
+            startedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+"""
+
+
+def stages(kwok_module: Path) -> list[dict]:
+    root = kwok_module / "kustomize" / "stage"
+    return [
+        *(yaml.safe_load((root / path).read_text()) for path in KWOK_STAGES),
+        yaml.safe_load(POD_EXIT_STAGE),
+        yaml.safe_load(POD_CRASH_LOOP_STAGE),
+    ]
+
+
+def node(name: str, labels: dict[str, str], taints: list[dict], capacity: dict[str, str]) -> dict:
+    resources = {**capacity, "pods": PODS_PER_NODE}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": dict(KWOK_NODE_ANNOTATION),
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                **labels,
+            },
+        },
+        "spec": {"taints": taints} if taints else {},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def k3d_nodes(cluster_name: str) -> list[dict]:
+    """The k3d cluster's one server node, as k3s registers it."""
+    return [
+        node(
+            f"k3d-{cluster_name}-server-0",
+            {
+                "node-role.kubernetes.io/control-plane": "true",
+                "node-role.kubernetes.io/master": "true",
+                "node.kubernetes.io/instance-type": "k3s",
+            },
+            [],
+            dict(DOCKER_VM),
+        )
+    ]
+
+
+def k3s_local_path(claim: dict, node_name: str, directory: Path) -> list[dict]:
+    """k3s's local-path StorageClass, and the volume its provisioner would make for `claim` on the node
+    (a host directory, the node's only), made here ahead of the claim, bound to it by name."""
+    storage_class = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": claim["spec"]["storageClassName"]},
+        "provisioner": "rancher.io/local-path",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"pvc-{claim['metadata']['name']}"},
+        "spec": {
+            "capacity": {"storage": claim["spec"]["resources"]["requests"]["storage"]},
+            "accessModes": list(claim["spec"]["accessModes"]),
+            "storageClassName": claim["spec"]["storageClassName"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
+            "claimRef": {"namespace": claim["metadata"]["namespace"], "name": claim["metadata"]["name"]},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_name]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    return [storage_class, volume]

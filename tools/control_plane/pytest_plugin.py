@@ -1,0 +1,70 @@
+"""The control-plane tier's pytest plugin (`python -m tools.control_plane test` loads it for
+tests/cluster/): one tier for the session (the real API server and the upstream controllers the stacks
+install), the local stack's objects applied to it, and the workflow's identity.
+
+Those tests run only in the tier's own network namespace: `make test-cluster`, or
+`python -m tools.control_plane test -k NAME` for one of them (tests/conftest.py leaves tests/cluster/
+out of any other run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stacks import render
+from tools.control_plane import build, nodes, stacks
+from tools.control_plane.build import in_ci
+from tools.control_plane.tier import Tier
+
+WORKFLOW_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's namespace and pipeline.serviceAccountName
+WORKFLOW_ACCOUNT = "dist-ml-pipeline"
+
+
+@pytest.fixture(scope="session")
+def local_render() -> tuple[render.Rendered, str]:
+    """Pulumi.local.yaml under Pulumi's mocks, and its k3d cluster's name."""
+    return stacks.local_stack()
+
+
+@pytest.fixture(scope="session")
+def tier(tmp_path_factory: pytest.TempPathFactory, local_render):
+    if not build.MANIFEST.is_file():
+        message = (
+            "the tier's programs are not built: python -m tools.control_plane.build (make test-cluster does)"
+        )
+        if in_ci():
+            pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
+        pytest.skip(message)
+    rendered, cluster_name = local_render
+    started = Tier(tmp_path_factory.mktemp("control-plane"), build.read_manifest(), cluster_name=cluster_name)
+    try:
+        started.start(rendered)
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="session")
+def local_stack_objects(tier: Tier, local_render) -> list[dict]:
+    """The local stack's Kubernetes objects, in the order `pulumi up` creates them (tools.control_plane.
+    stacks), applied to the tier after what the k3d cluster brings: k3s's local-path StorageClass and the
+    volume its provisioner would give the stack's claim."""
+    rendered, _ = local_render
+    objects, _ = stacks.served(tier.api, stacks.in_dependency_order(rendered))
+    (claim,) = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]
+    tier.api.apply_all(nodes.k3s_local_path(claim, tier.node_name, tier.directory / "storage"))
+    tier.api.apply_all(objects)
+    return objects
+
+
+@pytest.fixture(scope="session")
+def workflow(tier: Tier, local_stack_objects) -> Path:
+    """A kubeconfig with a token of the workflow's service account, as its step pods have."""
+    return tier.kubeconfig_for(WORKFLOW_NAMESPACE, WORKFLOW_ACCOUNT, "workflow")
+
+
+@pytest.fixture(scope="session")
+def rendered(local_render) -> render.Rendered:
+    return local_render[0]

@@ -1,0 +1,456 @@
+"""The upstream controllers, each started as a process against the tier's API server, with what its
+install puts in the cluster, rendered by upstream's own tools from the module the tier built it from:
+JobSet's release manifests (`kustomize build config/default`, what Trainer's overlay installs),
+Trainer's CRDs and webhooks (its manifests/base), Kueue's and KServe's charts (`helm template` with
+the values our stack renders), Argo's cluster install, KEDA's config/, KWOK's stages.
+
+What a pod would give a controller, the tier gives the process instead, and nothing else differs:
+- certificates: the tier's serving certificate in the directory each reads (its flag, its config, or
+  controller-runtime's default under $TMPDIR); the controllers' own certificate rotation is off;
+- webhook configurations as upstream registers them, but each `clientConfig.service` becomes the URL
+  of the process on 127.0.0.1 with the tier's CA (no Service routes here), and every failurePolicy is
+  Fail, so that no webhook that is down can let an object through (KEDA registers Ignore);
+- each program's ports, so that they do not collide in one network namespace;
+- the admin's kubeconfig (system:masters) as the identity of every controller but Argo's, which runs
+  as its own service account with the rights its install grants (the stacks add its memo cache's).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from infra.keda import NAMESPACE as KEDA_NAMESPACE
+from infra.platform import KSERVE_NAMESPACE, KUEUE_NAMESPACE, TRAINER_NAMESPACE
+from pipeline.argo import ARGO_NAMESPACE
+from tools.control_plane.build import Built
+from tools.control_plane.pki import Pki
+
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    webhook: int
+    health: int
+
+
+# One pair per controller, distinct in the tier's one network namespace.
+PORTS = {
+    "jobset": Ports(9441, 8091),
+    "trainer": Ports(9442, 8092),
+    "kueue": Ports(9443, 8093),
+    "kserve": Ports(9444, 8094),
+    "keda-webhooks": Ports(9445, 8095),
+    "keda-operator": Ports(0, 8096),
+}
+ARGO_HEALTH_PORT = 6060  # fixed in the workflow controller
+KEDA_GRPC_PORT = 9666
+
+
+def load_all(text: str) -> list[dict]:
+    # libyaml's loader: the full CRDs are megabytes (Argo's, KServe's), five times faster to read.
+    return [document for document in yaml.load_all(text, Loader=yaml.CSafeLoader) if document]
+
+
+def kustomize(kubectl: str, directory: Path) -> list[dict]:
+    """`kubectl kustomize` (kustomize built into kubectl) of an upstream directory."""
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {directory}: {done.stderr.strip()}")
+    return load_all(done.stdout)
+
+
+def helm_template(
+    helm: str, chart: Path, release: str, namespace: str, values: dict, work: Path
+) -> list[dict]:
+    """`helm template` of an upstream chart with `values`, as Pulumi's helm.v4.Chart renders it."""
+    values_file = work / f"{release}-values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    done = subprocess.run(
+        [helm, "template", release, str(chart), "--namespace", namespace, "--values", str(values_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"HOME": str(work), "PATH": "/usr/bin:/bin"},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"helm template {chart}: {done.stderr.strip()}")
+    return load_all(done.stdout)
+
+
+def of_kind(objects: list[dict], *kinds: str) -> list[dict]:
+    return [obj for obj in objects if obj["kind"] in kinds]
+
+
+def served_by(configurations: list[dict], port: int, ca: bytes) -> list[dict]:
+    """Webhook configurations calling the process on 127.0.0.1:`port` (their service's path kept)."""
+    routed = []
+    for configuration in configurations:
+        configuration = copy.deepcopy(configuration)
+        configuration["metadata"].pop("annotations", None)  # cert-manager's CA injection
+        for webhook in configuration["webhooks"]:
+            path = (webhook["clientConfig"].get("service") or {}).get("path", "/")
+            webhook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}{path}",
+                "caBundle": base64.b64encode(ca).decode(),
+            }
+            webhook["failurePolicy"] = "Fail"
+        routed.append(configuration)
+    return routed
+
+
+def conversion_served_by(crds: list[dict], port: int, ca: bytes) -> list[dict]:
+    """CRDs whose conversion webhook (if any) calls the process on 127.0.0.1:`port`."""
+    routed = []
+    for crd in crds:
+        crd = copy.deepcopy(crd)
+        webhook = (crd["spec"].get("conversion") or {}).get("webhook") or {}
+        if webhook.get("clientConfig", {}).get("service"):
+            path = webhook["clientConfig"]["service"].get("path", "/convert")
+            webhook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}{path}",
+                "caBundle": base64.b64encode(ca).decode(),
+            }
+        routed.append(crd)
+    return routed
+
+
+def in_namespace(manifest: dict, namespace: str) -> dict:
+    """A namespaced object of a chart's with the release's namespace, as `helm install` puts it there."""
+    return {**manifest, "metadata": {"namespace": namespace, **manifest["metadata"]}}
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        merged[key] = (
+            deep_merge(merged[key], value)
+            if isinstance(value, dict) and isinstance(merged.get(key), dict)
+            else value
+        )
+    return merged
+
+
+def serving_cert_dir(directory: Path, pki: Pki, with_ca: bool = False) -> Path:
+    """A directory holding the tier's serving certificate as tls.crt and tls.key (and ca.crt)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tls.crt").write_bytes(pki.serving.cert.read_bytes())
+    (directory / "tls.key").write_bytes(pki.serving.key.read_bytes())
+    if with_ca:
+        (directory / "ca.crt").write_bytes(pki.ca_pem)
+    return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class Controller:
+    """One upstream program as the tier runs it."""
+
+    name: str
+    component: str
+    args: list[str]
+    env: dict[str, str]
+    ready_url: str  # its health endpoint's readiness check (plain HTTP on 127.0.0.1)
+
+
+@dataclasses.dataclass
+class Install:
+    """What the tier applies for the upstream installs, in order, and the controllers it starts."""
+
+    crds: list[dict] = dataclasses.field(default_factory=list)
+    before: list[dict] = dataclasses.field(default_factory=list)  # config and RBAC, before the controllers
+    webhooks: list[dict] = dataclasses.field(default_factory=list)  # once the controllers answer
+    after: list[dict] = dataclasses.field(default_factory=list)  # objects upstream's webhooks check
+    controllers: list[Controller] = dataclasses.field(default_factory=list)
+
+    def add(self, other: Install) -> None:
+        for field in dataclasses.fields(self):
+            getattr(self, field.name).extend(getattr(other, field.name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every install needs: the programs, the modules' sources, certificates and a directory."""
+
+    components: dict[str, Built]
+    programs: Callable[[str], str]  # program name -> executable
+    pki: Pki
+    work: Path
+    admin_kubeconfig: Path
+    rendered: dict  # chart name -> the values our stack renders for it ("kueue", "kserve-resources", ...)
+
+    def module(self, component: str) -> Path:
+        return Path(self.components[component].module_dir)
+
+    def health(self, name: str) -> str:
+        return f"http://127.0.0.1:{PORTS[name].health}/readyz"
+
+
+def jobset(ctx: Context) -> Install:
+    release = kustomize(ctx.programs("kubectl"), ctx.module("jobset") / "config" / "default")
+    ports = PORTS["jobset"]
+    (config_map,) = [
+        obj for obj in release if obj["kind"] == "ConfigMap" and "manager-config" in obj["metadata"]["name"]
+    ]
+    (config_text,) = config_map["data"].values()
+    config = deep_merge(
+        yaml.safe_load(config_text),
+        {
+            "leaderElection": {"resourceNamespace": TRAINER_NAMESPACE},
+            "internalCertManagement": {"enable": False},
+            "webhook": {
+                "host": "127.0.0.1",
+                "port": ports.webhook,
+                "certDir": str(serving_cert_dir(ctx.work / "jobset-certs", ctx.pki)),
+            },
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
+        },
+    )
+    config_file = ctx.work / "jobset-config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    return Install(
+        crds=of_kind(release, "CustomResourceDefinition"),
+        webhooks=served_by(of_kind(release, *WEBHOOK_KINDS), ports.webhook, ctx.pki.ca_pem),
+        controllers=[
+            Controller(
+                "jobset",
+                "jobset",
+                [f"--kubeconfig={ctx.admin_kubeconfig}", f"--config={config_file}", "--zap-log-level=2"],
+                {},
+                ctx.health("jobset"),
+            )
+        ],
+    )
+
+
+def trainer(ctx: Context) -> Install:
+    base = ctx.module("trainer") / "manifests" / "base"
+    kubectl = ctx.programs("kubectl")
+    ports = PORTS["trainer"]
+    config = deep_merge(
+        yaml.safe_load((base / "manager" / "controller_manager_config.yaml").read_text()),
+        {
+            "leaderElection": {"resourceNamespace": TRAINER_NAMESPACE},
+            "certManagement": {"enable": False},
+            "webhook": {"host": "127.0.0.1", "port": ports.webhook},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
+        },
+    )
+    config_file = ctx.work / "trainer-config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    # Trainer's webhook server reads controller-runtime's default directory, under $TMPDIR.
+    tmpdir = ctx.work / "trainer-tmp"
+    serving_cert_dir(tmpdir / "k8s-webhook-server" / "serving-certs", ctx.pki)
+    return Install(
+        crds=kustomize(kubectl, base / "crds"),
+        webhooks=served_by(kustomize(kubectl, base / "webhook"), ports.webhook, ctx.pki.ca_pem),
+        controllers=[
+            Controller(
+                "trainer-controller-manager",
+                "trainer",
+                [f"--kubeconfig={ctx.admin_kubeconfig}", f"--config={config_file}", "--zap-log-level=2"],
+                {"TMPDIR": str(tmpdir)},
+                ctx.health("trainer"),
+            )
+        ],
+    )
+
+
+def kueue(ctx: Context) -> Install:
+    """Kueue's chart with the Configuration our stack renders (infra.platform.kueue_manager_config),
+    the manager's process settings over it."""
+    chart = helm_template(
+        ctx.programs("helm"),
+        ctx.module("kueue") / "charts" / "kueue",
+        "kueue",
+        KUEUE_NAMESPACE,
+        ctx.rendered["kueue"],
+        ctx.work,
+    )
+    ports = PORTS["kueue"]
+    (config_map,) = [
+        obj
+        for obj in chart
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("manager-config")
+    ]
+    config = deep_merge(
+        yaml.safe_load(config_map["data"]["controller_manager_config.yaml"]),
+        {
+            "namespace": KUEUE_NAMESPACE,
+            "leaderElection": {"resourceNamespace": KUEUE_NAMESPACE},
+            "internalCertManagement": {"enable": False},
+            "webhook": {
+                "host": "127.0.0.1",
+                "port": ports.webhook,
+                "certDir": str(serving_cert_dir(ctx.work / "kueue-certs", ctx.pki)),
+            },
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
+            # Its visibility API server needs a Service and certificates at a fixed path; nothing uses it.
+            "featureGates": {"VisibilityOnDemand": False},
+        },
+    )
+    config_file = ctx.work / "kueue-config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    # Read even when its metrics server is off (v0.19.2 cmd/kueue/main.go); /etc is the tier's overlay.
+    serving_cert_dir(Path("/etc/kueue/metrics/certs"), ctx.pki)
+    return Install(
+        crds=conversion_served_by(of_kind(chart, "CustomResourceDefinition"), ports.webhook, ctx.pki.ca_pem),
+        webhooks=served_by(of_kind(chart, *WEBHOOK_KINDS), ports.webhook, ctx.pki.ca_pem),
+        controllers=[
+            Controller(
+                "kueue",
+                "kueue",
+                [f"--kubeconfig={ctx.admin_kubeconfig}", f"--config={config_file}", "--zap-log-level=2"],
+                {},
+                ctx.health("kueue"),
+            )
+        ],
+    )
+
+
+def keda(ctx: Context) -> Install:
+    module = ctx.module("keda") / "config"
+    kubectl = ctx.programs("kubectl")
+    operator, webhooks = PORTS["keda-operator"], PORTS["keda-webhooks"]
+    certs = serving_cert_dir(ctx.work / "keda-certs", ctx.pki, with_ca=True)
+    env = {
+        "WATCH_NAMESPACE": "",
+        "POD_NAMESPACE": KEDA_NAMESPACE,
+        "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE,
+    }
+    common = [
+        f"--kubeconfig={ctx.admin_kubeconfig}",
+        "--metrics-bind-address=0",
+        f"--cert-dir={certs}",
+        "--zap-log-level=info",
+    ]
+    return Install(
+        crds=kustomize(kubectl, module / "crd"),
+        webhooks=served_by(
+            of_kind(kustomize(kubectl, module / "webhooks"), *WEBHOOK_KINDS), webhooks.webhook, ctx.pki.ca_pem
+        ),
+        controllers=[
+            Controller(
+                "operator",
+                "keda",
+                [
+                    *common,
+                    f"--health-probe-bind-address=127.0.0.1:{operator.health}",
+                    f"--metrics-service-bind-address=127.0.0.1:{KEDA_GRPC_PORT}",
+                    "--enable-webhook-patching=false",
+                ],
+                env,
+                ctx.health("keda-operator"),
+            ),
+            Controller(
+                "webhooks",
+                "keda",
+                [
+                    *common,
+                    f"--health-probe-bind-address=127.0.0.1:{webhooks.health}",
+                    f"--port={webhooks.webhook}",
+                ],
+                env,
+                ctx.health("keda-webhooks"),
+            ),
+        ],
+    )
+
+
+def kserve(ctx: Context) -> Install:
+    """KServe's three charts with the values our stack renders; its controller reads the
+    inferenceservice-config the chart makes of them."""
+    charts = ctx.module("kserve") / "charts"
+    helm = ctx.programs("helm")
+    crds = helm_template(helm, charts / "kserve-crd", "kserve-crd", KSERVE_NAMESPACE, {}, ctx.work)
+    resources = helm_template(
+        helm,
+        charts / "kserve-resources",
+        "kserve-resources",
+        KSERVE_NAMESPACE,
+        ctx.rendered["kserve-resources"],
+        ctx.work,
+    )
+    runtimes = helm_template(
+        helm,
+        charts / "kserve-runtime-configs",
+        "kserve-runtime-configs",
+        KSERVE_NAMESPACE,
+        ctx.rendered["kserve-runtime-configs"],
+        ctx.work,
+    )
+    ports = PORTS["kserve"]
+    tmpdir = ctx.work / "kserve-tmp"
+    serving_cert_dir(tmpdir / "k8s-webhook-server" / "serving-certs", ctx.pki)
+    return Install(
+        crds=of_kind(crds, "CustomResourceDefinition"),
+        before=[in_namespace(config_map, KSERVE_NAMESPACE) for config_map in of_kind(resources, "ConfigMap")],
+        webhooks=served_by(of_kind(resources, *WEBHOOK_KINDS), ports.webhook, ctx.pki.ca_pem),
+        after=[*of_kind(resources, "ClusterStorageContainer"), *of_kind(runtimes, "ClusterServingRuntime")],
+        controllers=[
+            Controller(
+                "manager",
+                "kserve",
+                [
+                    f"--kubeconfig={ctx.admin_kubeconfig}",
+                    "--metrics-addr=0",
+                    f"--webhook-port={ports.webhook}",
+                    f"--health-probe-addr=127.0.0.1:{ports.health}",
+                    "--zap-log-level=info",
+                ],
+                {"POD_NAMESPACE": KSERVE_NAMESPACE, "TMPDIR": str(tmpdir)},
+                ctx.health("kserve"),
+            )
+        ],
+    )
+
+
+def argo(ctx: Context, v4_crds: list[dict], controller_kubeconfig: Path) -> Install:
+    """Argo's cluster install (CRDs, its controller's RBAC and config map); the workflows and
+    workflow templates CRDs of the release the stacks install over the module's own."""
+    install = kustomize(ctx.programs("kubectl"), ctx.module("argo") / "manifests" / "cluster-install")
+    pinned = {crd["metadata"]["name"]: crd for crd in v4_crds}
+    crds = [pinned.get(crd["metadata"]["name"], crd) for crd in of_kind(install, "CustomResourceDefinition")]
+    for obj in install:
+        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+            obj["metadata"].setdefault(
+                "namespace", ARGO_NAMESPACE
+            )  # `kubectl apply -n argo`, as the stacks do
+    return Install(
+        crds=crds,
+        before=[*of_kind(install, *RBAC_KINDS), *of_kind(install, "ConfigMap")],
+        controllers=[
+            Controller(
+                "workflow-controller",
+                "argo",
+                [
+                    f"--kubeconfig={controller_kubeconfig}",
+                    f"--namespace={ARGO_NAMESPACE}",
+                    "--loglevel=info",
+                ],
+                {"LEADER_ELECTION_DISABLE": "true"},
+                f"http://127.0.0.1:{ARGO_HEALTH_PORT}/healthz",
+            )
+        ],
+    )
+
+
+def rendered_chart_values(stack_resources) -> dict:
+    """The values our stack gives each chart it installs, by chart name, from the stack's render."""
+    values = {}
+    for resource in stack_resources:
+        if resource.type == "kubernetes:helm.sh/v4:Chart":
+            chart = str(resource.inputs["chart"]).rstrip("/").rpartition("/")[2]
+            values[chart] = json.loads(json.dumps(resource.inputs.get("values") or {}))
+    return values
