@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import re
 from typing import Any, Callable, Protocol, Sequence
@@ -163,7 +164,7 @@ def trainjob_refusal(cluster: Cluster, namespace: str, job: dict) -> str | None:
     """The first controller's warning that an object of this TrainJob (the TrainJob, its JobSet, the
     JobSet's Jobs, all named after it) was refused, as `<reason> on <kind> <name>: <message>`."""
     name, uid = job["metadata"]["name"], job["metadata"].get("uid")
-    since = job["metadata"].get("creationTimestamp") or ""
+    since = timestamp(job["metadata"].get("creationTimestamp"))
     for event in cluster.list_warnings(namespace):
         involved, reason = event.get("involvedObject") or {}, event.get("reason")
         if NOT_CREATED.get(reason) != involved.get("kind") or not REFUSED.search(event.get("message") or ""):
@@ -176,11 +177,20 @@ def trainjob_refusal(cluster: Cluster, namespace: str, job: dict) -> str | None:
     return None
 
 
-def event_time(event: dict) -> str:
-    """When it last happened (RFC 3339 text, which sorts as time), from a core/v1 or an events.k8s.io
-    event (controller-runtime's recorder writes the latter: eventTime, or its series')."""
-    return ((event.get("series") or {}).get("lastObservedTime") or event.get("lastTimestamp")
-            or event.get("eventTime") or event.get("firstTimestamp") or "")
+def event_time(event: dict) -> datetime.datetime:
+    """When it last happened, from a core/v1 or an events.k8s.io event (controller-runtime's recorder
+    writes the latter: eventTime, to the microsecond, or its series')."""
+    return timestamp((event.get("series") or {}).get("lastObservedTime") or event.get("lastTimestamp")
+                     or event.get("eventTime") or event.get("firstTimestamp"))
+
+
+def timestamp(text: str | None) -> datetime.datetime:
+    """An RFC 3339 time of the API's, to the second or finer (compared as times, not as text: an event
+    at 10:00:05.1 is not before an object created at 10:00:05); the earliest time when there is none.
+    An object's creationTimestamp has whole seconds, so an event of the same second counts as after it."""
+    if not text:
+        return datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+    return datetime.datetime.fromisoformat(text).replace(microsecond=0)
 
 
 def trainjob_name_limit_of(manifest: dict) -> int:

@@ -7,8 +7,7 @@ blob SHAs match the upstream ones named in its README. ../shared does not carry 
 API, Kubeflow Trainer v2, JobSet and Kueue, so the repository does (testdata/upstream/<project>-<tag>/,
 the upstream files byte for byte from the tag's tree, Apache-2.0 like their projects: Gateway API git
 blob 7d5b5811d140950b1849a6ae324691887da50a65 for gateways, 8c272c5d00145e6989320d1180d493d81dfb472a for
-httproutes; KEDA v2.18.0's ScaledObject: blob
-843fab36ed685bb480220b306ffb9305d4c4ed77); they are checked against the same pins as a download would be.
+httproutes); they are checked against the same pins as a download would be.
 """
 
 from __future__ import annotations
@@ -33,11 +32,6 @@ TRAINER_V2_3_0 = f"{RAW}/kubeflow/trainer/658725bdae5c7e3a0854d93ac6ff492e109a22
 JOBSET_V0_12_0 = f"{RAW}/kubernetes-sigs/jobset/f22e565ac3cc3265c7c45ef67ecffdc689af5d77"
 KUEUE_V0_19_2 = f"{RAW}/kubernetes-sigs/kueue/8eab68778fc1b52affe165fdf5af29d1e9b4f3cb"
 TRAINER_DIR, JOBSET_DIR, KUEUE_DIR = "trainer-v2.3.0", "jobset-v0.12.0", "kueue-v0.19.2"
-# KEDA v2.18.0 (the release KServe v0.20 pins): the ScaledObject KServe writes for a keda-class predictor.
-# The base CRD, without the install's kustomize patch (config/crd/patches/scaledobject_patch.yaml,
-# which only adds bounds 0-3600 to the stabilization windows).
-KEDA_V2_18_0 = f"{RAW}/kedacore/keda/559e73850876f0c1d2fe915f9c23904608e5e235"
-KEDA_DIR = "keda-v2.18.0"
 # The "full" Argo CRDs (with openAPIV3 schemas); a default v3 install uses the schema-less minimal ones.
 ARGO_FULL_CRDS = "manifests/base/crds/full"
 
@@ -93,9 +87,6 @@ CRD_PINS: dict[str, Pin] = {pin.name: pin for pin in (
           ("resourceflavors", "19e339c47e9ca3fa2c9eeddd27715a512f765c4794ed859733408a9715720173", 20_182),
           ("clusterqueues", "e0a5fc9b370c70f3d993d4f599865817338ecf94187b30b15b12ff33c579bd55", 85_909),
           ("localqueues", "dd10ef8d3578e7212fa52763549e7b6be0949793a5b924495fcd293330109fed", 34_771))),
-    Pin(f"{KEDA_DIR}/keda.sh_scaledobjects.yaml",
-        f"{KEDA_V2_18_0}/config/crd/bases/keda.sh_scaledobjects.yaml",
-        "44e8d3444bb884ed5c8dc4f1b118944a54fe9c81534048793c20b9394ae1de2c", 21_266),
 )}
 
 # The 600-image sample carried in datasets/fashion-mnist-sample (see its README).

@@ -1,5 +1,7 @@
 """What the cluster's controllers make of a TrainJob and our training runtime, restated from their code
-at the tags the stacks install, so that the contract tests can check the pods that would run:
+at the tags the stacks install, for the one thing the control-plane tier (tests/cluster/, which runs
+these controllers) does not: the gke stack's training pods on its pools (the flavor's placement, the
+GPUs), checked by tests/test_cluster_contracts.py and tests/test_infra_gke.py:
 
 - Kueue v0.19.2's webhook suspends a TrainJob that names a queue and appends its own runtime patch
   (pkg/controller/jobs/trainjob/trainjob_webhook.go Default); at admission it writes the flavor's node
@@ -27,7 +29,6 @@ NODE_CONTAINER = "node"
 KUEUE_MANAGER = "kueue.x-k8s.io/manager"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
 def kueue_created(trainjob: dict) -> dict:
@@ -141,18 +142,3 @@ def jobset_pods(jobset: dict) -> list[dict]:
                 pod["spec"]["subdomain"] = subdomain
                 pods.append(pod)
     return pods
-
-
-def container_env(pod: dict, container_name: str) -> dict[str, str]:
-    """The environment a container of `pod` starts with: values, and the downward API's fields."""
-    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == container_name]
-    env = {COMPLETION_INDEX_ENV: pod["metadata"]["annotations"][COMPLETION_INDEX]}  # Indexed Jobs' own
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-            continue
-        path = item["valueFrom"]["fieldRef"]["fieldPath"]
-        field, _, key = path.partition("['")
-        env[item["name"]] = pod["metadata"][field.removeprefix("metadata.")][key.removesuffix("']")]
-    return env
-

@@ -1,7 +1,9 @@
-"""What each actor on the cluster does, checked against what the stacks declare, the way the cluster
-would check it: Argo's controller and the workflow's pods, Kueue's webhook and its admission,
-Kubeflow Trainer v2's controller and JobSet's, the training pods, KServe's predictor and storage
-initializer, the request logger, Prometheus, and the order in which things must exist.
+"""What each actor on the cluster does, checked against what the stacks declare, where its code does
+not run in the control-plane tier (tests/cluster/, which runs the real API server, Trainer, JobSet,
+Kueue, KServe, KEDA and Argo on the local stack's objects): GKE's pools, Gateway, Cloud Armor, GCS
+FUSE and Workload Identity; k3s's Traefik and k3d's ports; Prometheus; the training pods' placement
+and GPUs on GKE's pools (Kueue's admission restated in tests/cluster_actors.py: the tier runs Kueue on
+the k3d node, not on GKE's pools); and the order in which Pulumi creates things.
 Every test runs on both stacks' rendered objects (under Pulumi mocks) where the actor exists on both.
 """
 
@@ -11,20 +13,16 @@ import ipaddress
 import json
 import re
 
-import cluster_actors
 import pytest
 import stack_checks
 import yaml
 from conftest import REPO_ROOT
 from stack_checks import (
     PUBLISHED_VERSION,
-    WORKFLOW_NAME,
-    admitted_jobset,
     closure,
     embedded,
     named,
     objects_of,
-    runtime_of,
     template_of,
     train_steps,
     training_pods,
@@ -41,7 +39,6 @@ from pipeline.manifests import GPU_RESOURCE, IMAGE_USER
 from stacks import render
 from stacks.config import parse_stack_config
 from stacks.kinds import k3d as k3d_kind
-from trainer.cluster import LOCAL_ADDRESSES_ENV, TF_PORT_NAME, cluster_from_environment, local_tasks
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
 SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
@@ -570,30 +567,6 @@ def test_every_trainjob_fits_its_queue_or_kueue_would_never_admit_it(stack):
         assert all(amount <= quota[resource] for resource, amount in needs.items()), (step, needs, quota)
 
 
-# --- Kueue, Kubeflow Trainer v2 and JobSet -----------------------------------------------------------
-
-def test_kueue_holds_every_trainjob_until_its_queue_admits_it_and_the_queue_admits_this_namespace(stack):
-    template = template_of(stack)
-    namespace = template["metadata"]["namespace"]
-    (local_queue,) = objects_of(stack, "LocalQueue")
-    (queue,) = objects_of(stack, "ClusterQueue")
-    (flavor,) = objects_of(stack, "ResourceFlavor")
-    assert local_queue["metadata"]["namespace"] == namespace and local_queue["metadata"]["name"] != "default"
-    assert local_queue["spec"]["clusterQueue"] == queue["metadata"]["name"]
-    # A ClusterQueue without a namespaceSelector admits no namespace (kueue v0.19.2 clusterqueue_types.go).
-    assert queue["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    assert [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]] == [flavor["metadata"]["name"]]
-    for step in train_steps(stack):
-        trainjob = embedded(template, step)
-        assert trainjob["metadata"]["labels"][cluster_actors.QUEUE_LABEL] == local_queue["metadata"]["name"]
-        assert cluster_actors.kueue_created(trainjob)["spec"]["suspend"] is True
-    (chart,) = [r for r in stack.of_type("kubernetes:helm.sh/v4:Chart") if r.name == "platform-kueue"]
-    config = yaml.safe_load(chart.inputs["values"]["managerConfig"]["controllerManagerConfigYaml"])
-    assert config["integrations"]["frameworks"] == ["trainer.kubeflow.org/trainjob"]  # no pod gating
-    assert config["managedJobsNamespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == namespace
-    assert "enable" not in config["waitForPodsReady"] and config["waitForPodsReady"]["timeout"]  # v1beta2
-
-
 def test_kueues_admission_puts_every_training_pod_on_the_training_pool_and_only_there(gke):
     (flavor,) = objects_of(gke, "ResourceFlavor")
     assert flavor["spec"]["nodeLabels"] == {"dist-ml/pool": "spot"}
@@ -621,64 +594,6 @@ def test_on_the_gpu_pool_every_node_pod_asks_for_the_nodes_gpus_and_the_queue_co
         assert {t["key"] for t in pod["spec"]["tolerations"]} == {"nvidia.com/gpu"}
 
 
-def test_trainer_fills_only_the_node_container_and_the_jobset_it_builds_validates(stack, validate_crd):
-    trainjob = embedded(template_of(stack), "train-cnn")
-    runtime = runtime_of(stack, trainjob)
-    jobset = admitted_jobset(stack, "train-cnn")
-    assert validate_crd("jobset-v0.12.0/jobset.x-k8s.io_jobsets.yaml", jobset) == []
-    (node_job,) = jobset["spec"]["replicatedJobs"]
-    (declared,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
-    (container,) = node_job["template"]["spec"]["template"]["spec"]["containers"]
-    assert container["name"] == "node"
-    assert container["command"] == trainjob["spec"]["trainer"]["command"]
-    assert node_job["template"]["spec"]["parallelism"] == node_job["template"]["spec"]["completions"] == 2
-    # Everything but what Trainer fills is the runtime's: the storage, the identity, one try per pod.
-    pod = node_job["template"]["spec"]["template"]["spec"]
-    declared_pod = declared["template"]["spec"]["template"]["spec"]
-    assert pod["volumes"] == declared_pod["volumes"] and pod["restartPolicy"] == "Never"
-    assert pod["serviceAccountName"] == declared_pod["serviceAccountName"]
-    # resourcesPerNode holds every resource the runtime's node container does, with the same amounts:
-    # Kueue v0.19.2 (which replaces the container's with it) and Trainer v2.3.0 (which merges it in)
-    # count the same requests.
-    assert declared_pod["containers"][0]["resources"] == trainjob["spec"]["trainer"]["resourcesPerNode"]
-    assert container["resources"] == trainjob["spec"]["trainer"]["resourcesPerNode"]
-
-
-@pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
-def test_every_pod_of_a_trainjob_builds_one_tf_config_naming_jobsets_hostnames(strategy):
-    """What each pod knows (its labels and index through the downward API, the TrainJob's node count)
-    gives every pod the same cluster, whose addresses are the pods' DNS names in JobSet's headless
-    Service and the port the containers declare; each pod is its own task."""
-    pipeline = {"variants": ["cnn"], "strategy": strategy}
-    rendered = render.render("local", stack_values("local", pipeline=pipeline))
-    pods = training_pods(rendered, "train-cnn")
-    clusters, tasks = set(), []
-    for pod in pods:
-        (container,) = pod["spec"]["containers"]
-        spec = cluster_from_environment(cluster_actors.container_env(pod, container["name"]))
-        clusters.add(json.dumps(spec.cluster, sort_keys=True))
-        tasks.append((spec.task_type, spec.task_index))
-        (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == TF_PORT_NAME]
-        own = spec.cluster[spec.task_type][spec.task_index]
-        assert own == f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}:{port}"
-    assert len(clusters) == 1
-    expected = ([("worker", 0), ("worker", 1)] if strategy == "sync"
-                else [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)])
-    assert tasks == expected
-
-
-def test_under_parameter_servers_the_chief_ends_the_job_and_the_ps_pods_are_told_the_node_count():
-    rendered = render.render("local", stack_values("local", pipeline={"variants": ["cnn"],
-                                                                        "strategy": "parameter-server"}))
-    jobset = admitted_jobset(rendered, "train-cnn")
-    jobs = {job["name"]: job["template"]["spec"] for job in jobset["spec"]["replicatedJobs"]}
-    assert jobs["node"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}  # the chief's index
-    assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["node"]}
-    (ps,) = jobs["ps"]["template"]["spec"]["containers"]
-    assert ps["command"] == ["python", "-m", "trainer.parameter_server"]
-    assert {e["name"]: e.get("value") for e in ps["env"]}["DIST_ML_NUM_NODES"] == "3"
-
-
 # JobSet v0.12.0 pkg/webhooks/jobset_webhook.go ruleNameFmt. Its webhook refuses a JobSet whose failure
 # policy names a rule otherwise (the control-plane tier runs that webhook; this is the fast check).
 JOBSET_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -691,16 +606,6 @@ def test_every_failure_policy_rule_name_is_one_jobsets_webhook_accepts(strategy)
     (runtime,) = objects_of(rendered, "ClusterTrainingRuntime")
     rules = runtime["spec"]["template"]["spec"]["failurePolicy"]["rules"]
     assert rules and all(JOBSET_RULE_NAME.fullmatch(rule["name"]) for rule in rules), rules
-
-
-def test_every_trainjob_name_leaves_its_pod_names_dns_labels(stack):
-    """JobSet's webhook refuses pod names past 63 characters (with Kubernetes' 6-character suffix),
-    and Trainer then leaves the TrainJob without a condition; a submitted workflow's name is the
-    template's and 6 characters."""
-    for step in train_steps(stack):
-        for pod in cluster_actors.jobset_pods(admitted_jobset(stack, step)):
-            name = pod["spec"]["hostname"].replace("{{workflow.name}}", WORKFLOW_NAME) + "-abcde"
-            assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name), name
 
 
 def test_trainer_and_kueue_are_installed_before_the_objects_their_webhooks_check(stack):
@@ -716,20 +621,3 @@ def test_trainer_and_kueue_are_installed_before_the_objects_their_webhooks_check
                if r.name in closure(stack, "pipeline-workflow-template"))
 
 
-@pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
-def test_local_processes_get_exactly_the_environment_a_trainjobs_pods_get(strategy):
-    """trainer.launch gives each local process what the rendered runtime gives each pod (the JobSet's
-    name, the replicated job, the index, the node count, the port, the parameter servers), plus
-    where each hostname listens on this machine: the local engine trains on the TrainJob's code path."""
-    pipeline = {"variants": ["cnn"], "strategy": strategy}
-    rendered = render.render("local", stack_values("local", pipeline=pipeline))
-    jobset_name = f"{WORKFLOW_NAME}-train-cnn"
-    pods = []
-    for pod in training_pods(rendered, "train-cnn"):
-        pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = jobset_name  # as a run names it
-        (container,) = pod["spec"]["containers"]
-        pods.append(cluster_actors.container_env(pod, container["name"]))
-    servers = 1 if strategy == "parameter-server" else 0  # Pulumi.local.yaml: 2 workers, 1 ps
-    local = [task.env for task in local_tasks(2, servers, jobset_name)]
-    assert [{k: v for k, v in env.items() if k != LOCAL_ADDRESSES_ENV} for env in local] == pods
-    assert all(json.loads(env[LOCAL_ADDRESSES_ENV]) for env in local)

@@ -232,6 +232,9 @@ def created(job: dict) -> dict:
 
 @pytest.mark.parametrize("refusal", [
     JOBSET_REFUSED,
+    # controller-runtime's recorder writes events.k8s.io events: a microsecond eventTime, here in the
+    # second the TrainJob was created (a text comparison would put it before)
+    {**JOBSET_REFUSED, "lastTimestamp": None, "eventTime": "2026-11-27T10:00:00.081233Z"},
     warning("JobCreationFailed", "JobSet", NAME, f'jobs.batch "{NAME}-node-0" is invalid: spec.template: x'),
     warning("FailedCreate", "Job", f"{NAME}-node-0",
             f'Error creating: pods "{NAME}-node-0-0-x7k2p" is forbidden: error looking up service account '
@@ -258,7 +261,7 @@ def test_a_controller_that_cannot_create_the_trainjobs_objects_fails_the_step_at
     {**JOBSET_REFUSED, "involvedObject": {**JOBSET_REFUSED["involvedObject"], "uid": "an-earlier-one"}},
     warning("JobCreationFailed", "JobSet", "run-1-train-cnn2", "jobs.batch is invalid"),  # another job's
     warning("TrainJobResourcesCreationFailed", "TrainJob", NAME, JOBSET_REFUSED["message"], uid=UID,
-            at="2026-11-27T09:59:00Z"),  # before this TrainJob was created
+            at="2026-11-27T09:59:59.999999Z"),  # before this TrainJob was created
 ])
 def test_a_conflict_a_quota_or_another_jobs_warning_is_not_a_refusal_of_this_one(transient):
     cluster = FakeCluster("TrainJob", [created(running()), created(trainjob(RESUMED, COMPLETE))],

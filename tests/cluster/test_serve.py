@@ -1,21 +1,18 @@
 """The serve step (python -m cluster_steps.release, exactly as the WorkflowTemplate runs it, as the
 workflow's service account) against KServe's real controller and webhooks in Standard mode: the
-predictor's Deployment, Service and autoscaler, a KEDA ScaledObject KEDA's webhook accepts, the route;
+predictor's Deployment, Service and the route;
 a canary beside the stable version, promoted or rolled back as the step drives it; a predictor that
-crash-loops fails the step. KWOK runs the predictor's pods."""
+crash-loops fails the step. KWOK runs the predictor's pods. Scaling: test_autoscaling.py."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import REPO_ROOT
-from stack_checks import stack_values
 from tier_helpers import NAMESPACE, Step, delete_all, submitted_step
 
 from cluster_steps.names import ISVC_LABEL, canary_name, predictor_deployment_name, route_name
 from pipeline.manifests import pvc_storage, release_uri
-from stacks import render
 from tools.control_plane.nodes import CRASH_LOOP_ANNOTATION
 
 ISVC_API = "serving.kserve.io/v1beta1"
@@ -143,30 +140,3 @@ def test_a_crash_looping_predictor_fails_the_serve_step(tier, rendered, workflow
     tier.api.wait(crash_its_pods, f"{isvc}'s new pods running", ROLLOUT_SECONDS)
     assert step.wait() == 1
     assert "CrashLoopBackOff" in step.output, step.output
-
-
-def test_a_predictor_scaled_by_keda_gets_a_scaled_object_kedas_webhook_accepts(tier, workflow, tmp_path):
-    """With the stack's Prometheus (monitoring on) the predictor scales on requests in flight: KServe
-    writes a KEDA ScaledObject for it, which KEDA's admission webhook checks."""
-    values = stack_values(
-        REPO_ROOT / "Pulumi.local.yaml",
-        pipeline={"modelName": "fmnist-keda"},
-        monitoring={"enabled": True},
-        serving={"autoscaling": {"metric": "inflight"}},
-    )
-    keda_rendered = render.render("local", values)
-    module, args = submitted_step(
-        keda_rendered,
-        "serve",
-        "1",
-        version_file=str(tmp_path / "version"),
-        timeout_seconds=str(ROLLOUT_SECONDS),
-    )
-    step = Step(module, workflow, *args)
-    assert step.wait() == 0, step.output
-    scaled = tier.api.get(
-        "keda.sh/v1alpha1", "ScaledObject", predictor_deployment_name("fmnist-keda"), NAMESPACE
-    )
-    assert scaled is not None
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "prometheus" and "fmnist-keda" in trigger["metadata"]["query"]

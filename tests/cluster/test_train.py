@@ -6,17 +6,18 @@ process would have."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 
 import pytest
 from conftest import REPO_ROOT
-from stack_checks import stack_values
+from stack_checks import stack_values, train_steps
 from tier_helpers import NAMESPACE, by_index, delete_all, end, running_pods, train_step, trainjob
 
-from cluster_steps.names import JOBSET_NAME_LABEL, TRAINING_QUEUE
-from pipeline.manifests import RUNTIME_NAME, USAGE_ERROR_EXIT
+from cluster_steps.names import JOBSET_NAME_LABEL, TRAINING_QUEUE, WORKFLOW_TEMPLATE_NAME
+from pipeline.manifests import PS_COMMAND, RUNTIME_NAME, USAGE_ERROR_EXIT
 from stacks import render
-from trainer.cluster import cluster_from_environment
+from trainer.cluster import LOCAL_ADDRESSES_ENV, cluster_from_environment, local_tasks
 
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 NODES = 2  # Pulumi.local.yaml's pipeline.workers
@@ -48,31 +49,67 @@ def resolved_env(pod: dict, container: str) -> dict[str, str]:
 def test_a_trainjob_runs_whole_on_the_runtime_and_the_step_succeeds_when_it_completes(
     tier, rendered, workflow
 ):
-    manifest = trainjob(rendered, "t1-train-cnn")
+    """The longest TrainJob name a run submits (the workflow's generated name and the longest step's)
+    passes JobSet's webhook; Kueue admits its Workload whole; Trainer fills only the runtime's `node`
+    container (the TrainJob's command, its resources), the rest is the runtime's (the storage, the
+    trainer's identity, one try per pod); every pod has JobSet's hostname and subdomain and builds the
+    same TF_CONFIG from what it knows, the very environment the local engine gives its processes."""
+    name = longest_trainjob_name(rendered)
+    manifest = trainjob(rendered, name, step=longest_train_step(rendered))
+    runtime = tier.api.get(TRAINJOB_API, "ClusterTrainingRuntime", manifest["spec"]["runtimeRef"]["name"])
+    declared = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+        "spec"
+    ]
     step = train_step(workflow, manifest)
-    pods = running_pods(tier.api, "t1-train-cnn", NODES, step=step)
+    pods = running_pods(tier.api, name, NODES, step=step)
     (workload,) = tier.api.list(
         "kueue.x-k8s.io/v1beta2",
         "Workload",
         NAMESPACE,
-        label_selector=f"kueue.x-k8s.io/job-uid={tier_uid(tier, 't1-train-cnn')}",
+        label_selector=f"kueue.x-k8s.io/job-uid={tier_uid(tier, name)}",
     )
     assert any(c["type"] == "Admitted" and c["status"] == "True" for c in workload["status"]["conditions"])
-    clusters = set()
+    environments = []
     for index, pod in sorted(by_index(pods, "node").items()):
-        assert pod["spec"]["hostname"] == f"t1-train-cnn-node-0-{index}"
-        assert pod["spec"]["subdomain"] == "t1-train-cnn"
+        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (f"{name}-node-0-{index}", name)
         assert pod["spec"]["nodeName"] == tier.node_name
-        assert pod["spec"]["serviceAccountName"] == "dist-ml-trainer"
+        assert pod["spec"]["serviceAccountName"] == declared["serviceAccountName"]
+        assert pod["spec"]["restartPolicy"] == "Never"
+        assert [v["name"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v] == [
+            v["name"] for v in declared["volumes"]
+        ]
         (node,) = pod["spec"]["containers"]
         assert node["command"] == manifest["spec"]["trainer"]["command"]
-        spec = cluster_from_environment(resolved_env(pod, "node"))
-        assert spec.cluster["worker"][spec.task_index] == f"t1-train-cnn-node-0-{index}.t1-train-cnn:2222"
-        clusters.add(json.dumps(spec.cluster, sort_keys=True))
-    assert len(clusters) == 1  # every pod builds the same cluster
+        assert node["resources"] == manifest["spec"]["trainer"]["resourcesPerNode"]
+        environments.append(resolved_env(pod, "node"))
+    assert_one_cluster_as_local_processes_get(environments, name, parameter_servers=0)
     end(tier.api, pods, 0)
     assert step.wait() == 0, step.output
-    assert "train: TrainJob dist-ml/t1-train-cnn succeeded" in step.output
+    assert f"train: TrainJob dist-ml/{name} succeeded" in step.output
+
+
+def assert_one_cluster_as_local_processes_get(environments: list[dict], jobset: str, parameter_servers: int):
+    """Every pod builds the same cluster of JobSet's hostnames, each pod its own task; and trainer.launch
+    gives its local processes exactly these environments (and where each hostname listens here)."""
+    specs = [cluster_from_environment(env) for env in environments]
+    assert len({json.dumps(spec.cluster, sort_keys=True) for spec in specs}) == 1
+    assert len({(spec.task_type, spec.task_index) for spec in specs}) == len(specs)
+    local = [
+        {key: value for key, value in task.env.items() if key != LOCAL_ADDRESSES_ENV}
+        for task in local_tasks(NODES, parameter_servers, jobset)
+    ]
+    in_order = functools.partial(json.dumps, sort_keys=True)
+    assert sorted(local, key=in_order) == sorted(environments, key=in_order)
+
+
+def longest_train_step(rendered) -> str:
+    return max(train_steps(rendered), key=len)
+
+
+def longest_trainjob_name(rendered) -> str:
+    """The name a run gives the longest step's TrainJob: the workflow's (the template's and the 5
+    characters of generateName), then the step's."""
+    return f"{WORKFLOW_TEMPLATE_NAME}-x7k2p-{longest_train_step(rendered)}"
 
 
 def tier_uid(tier, name: str) -> str:
@@ -130,24 +167,30 @@ def test_a_trainjob_beyond_the_free_quota_waits_in_kueues_queue_and_runs_when_qu
     assert [step.wait() for step in steps] == [0, 0, 0], [step.output for step in steps]
 
 
-def test_under_parameter_servers_the_chiefs_success_completes_the_trainjob(tier, rendered, workflow):
-    """The parameter-server runtime: the node job (chief, workers) and the ps job; the chief's pod
-    (node index 0) succeeding ends the node Job (its successPolicy) and the JobSet, whose other pods
-    never exit by themselves."""
+def test_under_parameter_servers_the_chiefs_success_completes_the_trainjob(tier, workflow):
+    """The parameter-server runtime: the node job (chief, workers) and the ps job, whose pods are told the
+    node count (the TrainJob's env reaches only `node`); all build one cluster. The chief's pod (node
+    index 0) succeeding ends the node Job (its successPolicy) and the JobSet, whose other pods never exit
+    by themselves."""
     ps_rendered = render.render(
         "local",
         stack_values(
             REPO_ROOT / "Pulumi.local.yaml", pipeline={"variants": ["cnn"], "strategy": "parameter-server"}
         ),
     )
-    runtime = [obj for obj in ps_rendered.objects if obj["kind"] == "ClusterTrainingRuntime"][0]
+    (runtime,) = [obj for obj in ps_rendered.objects if obj["kind"] == "ClusterTrainingRuntime"]
     tier.api.apply(runtime)
     manifest = trainjob(ps_rendered, "t6-train-cnn")
     assert manifest["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
     step = train_step(workflow, manifest)
     pods = running_pods(tier.api, "t6-train-cnn", NODES + 2, step=step)  # chief, 2 workers, 1 ps
-    assert set(by_index(pods, "ps")) == {0}
-    end(tier.api, [by_index(pods, "node")[0]], 0)
+    nodes, servers = by_index(pods, "node"), by_index(pods, "ps")
+    assert set(servers) == {0}
+    (ps,) = servers[0]["spec"]["containers"]
+    assert ps["command"] == PS_COMMAND
+    environments = [resolved_env(pod, "node") for pod in nodes.values()] + [resolved_env(servers[0], "ps")]
+    assert_one_cluster_as_local_processes_get(environments, "t6-train-cnn", parameter_servers=1)
+    end(tier.api, [nodes[0]], 0)
     assert step.wait() == 0, step.output
 
 

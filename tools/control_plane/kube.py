@@ -68,12 +68,14 @@ class Api:
         except ApiException as error:
             raise Refused(manifest, error.status, server_message(error)) from None
 
-    def create(self, manifest: dict) -> dict:
-        """POST of `manifest` (a generated name, a review); Refused with the server's message."""
+    def create(self, manifest: dict, dry_run: bool = False) -> dict:
+        """POST of `manifest` (a generated name, a review); Refused with the server's message. With
+        `dry_run`, admission runs (webhooks included) and nothing is stored."""
         resource = self.resource(manifest["apiVersion"], manifest["kind"])
         namespace = (manifest.get("metadata") or {}).get("namespace") if resource.namespaced else None
+        options = {"dry_run": "All"} if dry_run else {}
         try:
-            return self.dynamic.create(resource, body=manifest, namespace=namespace).to_dict()
+            return self.dynamic.create(resource, body=manifest, namespace=namespace, **options).to_dict()
         except ApiException as error:
             raise Refused(manifest, error.status, server_message(error)) from None
 
