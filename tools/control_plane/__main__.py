@@ -23,13 +23,18 @@ PLUGIN = "tools.control_plane.pytest_plugin"
 
 
 def unshare_command() -> list[str]:
+    """unshare's command for the tier's namespaces; Unavailable when this machine cannot make them."""
     unshare = shutil.which("unshare")
     if unshare is None:
         raise build.Unavailable(
             "util-linux's unshare is not on PATH (the tier runs in namespaces of its own)"
         )
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [unshare, *user, "--net", "--mount", "--propagation", "private", "--fork", "--kill-child"]
+    command = [unshare, *user, "--net", "--mount", "--propagation", "private", "--fork", "--kill-child"]
+    tried = subprocess.run([*command, "true"], capture_output=True, text=True)
+    if tried.returncode != 0:
+        raise build.Unavailable(f"cannot make a network and mount namespace here: {tried.stderr.strip()}")
+    return command
 
 
 def in_namespaces(*command: str) -> int:
@@ -41,27 +46,32 @@ def in_namespaces(*command: str) -> int:
     )
 
 
+def unavailable(missing: build.Unavailable) -> int:
+    """Exit status 1 under CI=true (CI must run every test), else 0 after saying what is missing."""
+    if build.in_ci():
+        print(f"control-plane: cannot run the tier (CI=true, so this fails): {missing}", file=sys.stderr)
+        return 1
+    print(f"control-plane: skipped: {missing}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("test", "up"):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     try:
         built = build.build_all()
-    except build.Unavailable as missing:
-        if build.in_ci():
-            print(
-                f"control-plane: cannot build the tier (CI=true, so this fails): {missing}", file=sys.stderr
+        build.write_manifest(built)
+        if argv[0] == "test":
+            return in_namespaces(
+                sys.executable, "-m", "pytest", TESTS, "-p", "no:xdist", "-p", PLUGIN, *argv[1:]
             )
-            return 1
-        print(f"control-plane: skipped: {missing}", file=sys.stderr)
-        return 0
+        return in_namespaces(sys.executable, "-m", "tools.control_plane.up")
+    except build.Unavailable as missing:
+        return unavailable(missing)
     except (build.BuildError, build.components.PinError) as error:
         print(f"control-plane: {error}", file=sys.stderr)
         return 1
-    build.write_manifest(built)
-    if argv[0] == "test":
-        return in_namespaces(sys.executable, "-m", "pytest", TESTS, "-p", "no:xdist", "-p", PLUGIN, *argv[1:])
-    return in_namespaces(sys.executable, "-m", "tools.control_plane.up")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+"""The control-plane tier's own plumbing (tools/control_plane/), without building or starting it: the
+versions it runs come from the stacks' config; its wrapper modules repeat upstream's replaces as Go
+would need them; a webhook configuration calls the process with the tier's CA and fails closed; the
+tier refuses to start outside its own namespace; and under CI=true what it cannot have is a failure."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from tools.control_plane import __main__ as launcher
+from tools.control_plane import build, components, upstream
+from tools.control_plane.cluster import Binaries, Kubernetes, NotIsolated
+
+
+def test_the_tier_runs_the_versions_the_stacks_install():
+    pins = components.pins()
+    assert pins.kubernetes == "v1.33.4"  # Pulumi.local.yaml's k3s image, rancher/k3s:v1.33.4-k3s1
+    local = components.stack_pins("local")
+    assert (pins.trainer, pins.kueue, pins.kserve, pins.argo, pins.keda) == (
+        local.trainer,
+        local.kueue,
+        local.kserve,
+        local.argo,
+        local.keda,
+    )
+    assert components.stack_pins("gke").kubernetes is None  # GKE's release channel picks it
+
+
+def test_stacks_that_install_different_versions_are_refused_naming_both(monkeypatch):
+    real = components.stack_pins
+    monkeypatch.setattr(
+        components,
+        "stack_pins",
+        lambda stack: (
+            real(stack)
+            if stack == "local"
+            else components.StackPins(None, "v2.2.0", "v0.19.2", "v0.20.0", "v4.1.2", "v2.18.0")
+        ),
+    )
+    with pytest.raises(
+        components.PinError, match="Pulumi.gke.yaml installs trainer v2.2.0 and Pulumi.local.yaml v2.3.0"
+    ):
+        components.pins()
+
+
+def test_jobsets_version_is_the_one_trainers_overlay_installs(tmp_path):
+    overlay = tmp_path / "manifests" / "third-party" / "jobset"
+    overlay.mkdir(parents=True)
+    (overlay / "kustomization.yaml").write_text(
+        "resources:\n  - https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml\n"
+    )
+    assert components.jobset_version(tmp_path) == "v0.12.0"
+    (overlay / "kustomization.yaml").write_text("resources: []\n")
+    with pytest.raises(components.PinError, match="expected one JobSet release, found none"):
+        components.jobset_version(tmp_path)
+
+
+def test_the_wrapper_repeats_upstreams_replaces_and_releases_kubernetes_staging_modules():
+    """Kubernetes' go.mod requires its staging modules at v0.0.0 and replaces them with local paths:
+    ours names their release (v0.33.4 for v1.33.4). A versioned replace (KServe's, KEDA's) is kept as
+    it is; a local replace of a module required at a real version (etcd's own) changes nothing."""
+    upstream_mod = {
+        "Go": "1.24.0",
+        "Require": [
+            {"Path": "k8s.io/api", "Version": "v0.0.0"},
+            {"Path": "go.etcd.io/etcd/api/v3", "Version": "v3.5.21"},
+        ],
+        "Replace": [
+            {"Old": {"Path": "k8s.io/api"}, "New": {"Path": "./staging/src/k8s.io/api"}},
+            {"Old": {"Path": "go.etcd.io/etcd/api/v3"}, "New": {"Path": "../api"}},
+            {
+                "Old": {"Path": "sigs.k8s.io/controller-runtime"},
+                "New": {"Path": "sigs.k8s.io/controller-runtime", "Version": "v0.22.5"},
+            },
+        ],
+    }
+    assert build.mirrored_replaces(upstream_mod, "v1.33.4") == [
+        "k8s.io/api => k8s.io/api v0.33.4",
+        "sigs.k8s.io/controller-runtime => sigs.k8s.io/controller-runtime v0.22.5",
+    ]
+    wrapper = build.wrapper_go_mod(components.kubernetes("v1.33.4"), upstream_mod)
+    assert (
+        "require k8s.io/kubernetes v1.33.4" in wrapper and "\tk8s.io/kubernetes/cmd/kube-apiserver" in wrapper
+    )
+
+
+def test_kubernetes_programs_carry_their_release_as_its_build_stamps_it():
+    flags = build.release_ldflags("v1.33.4")
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        for setting in ("gitMajor=1", "gitMinor=33", "gitVersion=v1.33.4"):
+            assert f"-X {package}.{setting}" in flags
+
+
+def test_a_program_named_after_a_major_version_is_named_after_its_component():
+    assert build.program_name("etcd", "go.etcd.io/etcd/server/v3") == "etcd"
+    assert build.program_name("kueue", "sigs.k8s.io/kueue/cmd/kueue") == "kueue"
+
+
+def test_a_webhook_calls_the_process_with_the_tiers_ca_and_fails_closed():
+    configuration = {
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "keda-admission", "annotations": {"cert-manager.io/inject-ca-from": "x"}},
+        "webhooks": [
+            {
+                "name": "vscaledobject.keda.sh",
+                "failurePolicy": "Ignore",
+                "clientConfig": {
+                    "service": {"name": "keda-admission-webhooks", "namespace": "keda", "path": "/validate"}
+                },
+            }
+        ],
+    }
+    (routed,) = upstream.served_by([configuration], 9445, b"CA")
+    (webhook,) = routed["webhooks"]
+    assert webhook["clientConfig"] == {
+        "url": "https://127.0.0.1:9445/validate",
+        "caBundle": base64.b64encode(b"CA").decode(),
+    }
+    assert webhook["failurePolicy"] == "Fail"
+    assert "annotations" not in routed["metadata"]
+    assert configuration["webhooks"][0]["failurePolicy"] == "Ignore"  # upstream's, untouched
+
+
+def test_the_tier_will_not_bind_its_fixed_ports_outside_its_own_namespace(tmp_path, monkeypatch):
+    monkeypatch.delenv("DIST_ML_CONTROL_PLANE_NAMESPACE", raising=False)
+    with pytest.raises(NotIsolated, match="python -m tools.control_plane test"):
+        Kubernetes(tmp_path, Binaries({}, {}), pki=None).start()
+
+
+@pytest.mark.parametrize("ci, status", [("true", 1), ("", 0)])
+def test_what_the_tier_cannot_have_fails_under_ci_and_is_said_elsewhere(monkeypatch, capsys, ci, status):
+    monkeypatch.setenv("CI", ci)
+    assert launcher.unavailable(build.Unavailable("go is not on PATH")) == status
+    assert "go is not on PATH" in capsys.readouterr().err
