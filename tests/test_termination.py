@@ -5,6 +5,7 @@ thread is stuck in C code (common.termination)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,15 @@ def wait_for(log: Path, text: str, process: subprocess.Popen, timeout: float) ->
         time.sleep(0.2)
 
 
+def in_pause(pid: int, timeout: float = 30) -> None:
+    """Waits until the process's main thread sleeps in libc's pause() (x86-64's pause syscall, or the
+    ppoll it is made of elsewhere), from the kernel's view of it."""
+    deadline = time.monotonic() + timeout
+    while not re.search(r"pause|poll", Path(f"/proc/{pid}/task/{pid}/wchan").read_text()):
+        assert time.monotonic() < deadline, "the main thread never entered pause()"
+        time.sleep(0.01)
+
+
 def test_python_as_pid_one_without_a_handler_ignores_sigterm(tmp_path):
     """Why the trainer needs a handler: the kernel drops SIGTERM for a PID 1 that has none."""
     sleeper = as_pid_one([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(60)"],
@@ -85,6 +95,7 @@ def test_a_main_thread_stuck_in_c_code_still_exits_after_the_grace_period(tmp_pa
     stuck = subprocess.Popen([sys.executable, "-c", program], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     assert stuck.stdout.readline() == "stuck\n"
+    in_pause(stuck.pid)  # not before: a main thread still running Python would run the handler itself
     stuck.send_signal(signal.SIGTERM)
     _, stderr = stuck.communicate(timeout=30)
     assert stuck.returncode == TERMINATED_EXIT

@@ -29,7 +29,7 @@ def local_render() -> tuple[render.Rendered, str]:
 
 
 @pytest.fixture(scope="session")
-def tier(tmp_path_factory: pytest.TempPathFactory, local_render):
+def tier(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, local_render):
     if not build.MANIFEST.is_file():
         message = (
             "the tier's programs are not built: python -m tools.control_plane.build (make test-cluster does)"
@@ -38,7 +38,15 @@ def tier(tmp_path_factory: pytest.TempPathFactory, local_render):
             pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
         pytest.skip(message)
     rendered, cluster_name = local_render
-    started = Tier(tmp_path_factory.mktemp("control-plane"), build.read_manifest(), cluster_name=cluster_name)
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:  # each component's line, shown as the tier starts, not captured
+        with capture.global_and_fixture_disabled():
+            print(line, flush=True)
+
+    started = Tier(
+        tmp_path_factory.mktemp("control-plane"), build.read_manifest(), say=say, cluster_name=cluster_name
+    )
     try:
         started.start(rendered)
         yield started
