@@ -14,23 +14,7 @@ import json
 import time
 from typing import Any, Callable
 
-from cluster_steps.names import (
-    ISVC_GROUP,
-    ISVC_PLURAL,
-    ISVC_VERSION,
-    ROUTE_GROUP,
-    ROUTE_PLURAL,
-    ROUTE_VERSION,
-    TFJOB_GROUP,
-    TFJOB_PLURAL,
-    TFJOB_VERSION,
-    TRAINJOB_GROUP,
-    TRAINJOB_PLURAL,
-    TRAINJOB_VERSION,
-    WORKLOAD_GROUP,
-    WORKLOAD_PLURAL,
-    WORKLOAD_VERSION,
-)
+from common.cluster_names import HTTP_ROUTE, INFERENCE_SERVICE, CustomResource
 
 POLL_SECONDS = 5.0
 HTTP_CONFLICT, HTTP_NOT_FOUND = 409, 404
@@ -74,25 +58,6 @@ def pod_failure(pod: dict) -> str | None:
                 return (f"pod {pod['metadata']['name']}: container {container['name']}: "
                         f"{waiting['reason']}{': ' + detail.strip() if detail.strip() else ''}")
     return None
-
-
-@dataclasses.dataclass(frozen=True)
-class CustomResource:
-    kind: str
-    group: str
-    version: str
-    plural: str
-
-    def what(self, namespace: str, name: str) -> str:
-        """How an error names one object: `TFJob dist-ml/train-cnn`."""
-        return f"{self.kind} {namespace}/{name}"
-
-
-INFERENCE_SERVICE = CustomResource("InferenceService", ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL)
-HTTP_ROUTE = CustomResource("HTTPRoute", ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL)
-TFJOB = CustomResource("TFJob", TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL)
-TRAINJOB = CustomResource("TrainJob", TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL)
-WORKLOAD = CustomResource("Workload", WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL)
 
 
 class KubernetesApi:
@@ -209,7 +174,8 @@ def server_message(error: Any) -> str:
 
 
 class TrainApi(KubernetesApi):
-    """cluster_steps.train's Cluster: the step's TrainJob or TFJob, its pods, and Kueue's Workload."""
+    """cluster_steps.train's API (engines.base.JobApi): the step's job, its pods, what its engine reads
+    beside them (Kueue's Workload for a TrainJob), and the namespace's warning events."""
 
     def get_job(self, resource: CustomResource, namespace: str, name: str) -> dict | None:
         return self._get_custom(resource, namespace, name)
@@ -222,9 +188,9 @@ class TrainApi(KubernetesApi):
         with contextlib.suppress(NotFound):
             self._delete_custom(resource, namespace, name, propagation_policy="Foreground")
 
-    def list_workloads(self, namespace: str, label_selector: str) -> list[dict]:
+    def list_objects(self, resource: CustomResource, namespace: str, label_selector: str) -> list[dict]:
         found = self._objects.list_namespaced_custom_object(
-            WORKLOAD.group, WORKLOAD.version, namespace, WORKLOAD.plural, label_selector=label_selector)
+            resource.group, resource.version, namespace, resource.plural, label_selector=label_selector)
         return found["items"]
 
     def list_warnings(self, namespace: str) -> list[dict]:

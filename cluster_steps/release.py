@@ -42,12 +42,12 @@ fails.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
+from cluster_steps.inference_service import ShapeError, metrics_port, model_version, renamed, storage_uri
 from cluster_steps.kubernetes import (
     ClusterStepError,
     Conflict,
@@ -56,23 +56,19 @@ from cluster_steps.kubernetes import (
     Timing,
     pod_failure,
 )
-from cluster_steps.names import (
+from common import cli
+from common.cluster_names import (
     GATEWAY_NAME,
     ISVC_LABEL,
-    ISVC_METRIC_LABEL,
     MANIFEST_FLAG,
     MODEL_LISTENER,
-    MODEL_VERSION_ANNOTATION,
-    PREDICTOR_CONTAINER,
     PREDICTOR_SERVICE_PORT,
     ROUTE_GROUP,
     ROUTE_VERSION,
     canary_name,
     predictor_deployment_name,
-    retargeted_query,
     route_name,
 )
-from common import cli
 from serving import canary
 
 DEFAULT_TIMEOUT_SECONDS = 900.0  # an image pull, the storage initializer's copy and a model load
@@ -84,15 +80,13 @@ DEFAULT_MAX_LATENCY_RATIO = 1.5
 # Reads and writes of one object before other writers' changes fail the step (client-go's retry.DefaultRetry).
 WRITE_ATTEMPTS = 5
 EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
-NO_METRICS = ("serves no /metrics (runtime tensorflow?): a canary cannot be judged; "
-              "deploy with --canary-percent 0")
 
 
 class RolloutError(ClusterStepError):
     """The version did not roll out, or a rollout step cannot go on; the message says why."""
 
 
-class Cluster(Protocol):
+class RolloutApi(Protocol):
     """The few API calls a rollout makes (plain dicts, as the API server sends them). A get of a missing
     object answers None; a create of an existing one, or a replace at a stale resourceVersion, raises
     Conflict; a replace or delete of a missing one raises NotFound."""
@@ -113,46 +107,6 @@ class Cluster(Protocol):
 class Observation:
     done: bool
     reason: str  # why it is not done yet, or what it reached
-
-
-def storage_uri(manifest: dict) -> str:
-    predictor = manifest["spec"]["predictor"]
-    if "model" in predictor:
-        return predictor["model"]["storageUri"]
-    env = {item["name"]: item.get("value") for item in predictor["containers"][0].get("env", [])}
-    return env["STORAGE_URI"]
-
-
-def model_version(manifest: dict) -> str:
-    return manifest["metadata"].get("annotations", {}).get(MODEL_VERSION_ANNOTATION, "?")
-
-
-def metrics_port(manifest: dict) -> int:
-    """The predictor container's HTTP port, where our server serves /metrics."""
-    for container in manifest["spec"]["predictor"].get("containers", []):
-        if container["name"] == PREDICTOR_CONTAINER and container.get("ports"):
-            return int(container["ports"][0]["containerPort"])
-    raise RolloutError(f"InferenceService {manifest['metadata']['name']} {NO_METRICS}")
-
-
-def renamed(manifest: dict, name: str) -> dict:
-    """The same InferenceService under another name: only what a manifest declares, none of the
-    server's bookkeeping (resourceVersion, uid, status), its load queries selecting its own pods (the
-    canary scales on the canary's traffic, the stable version on its own)."""
-    metadata = manifest["metadata"]
-    kept = {key: copy.deepcopy(metadata[key]) for key in ("labels", "annotations") if key in metadata}
-    spec = copy.deepcopy(manifest["spec"])
-    for metric in spec["predictor"].get("autoScaling", {}).get("metrics", []):
-        source = metric.get("external", {}).get("metric", {})
-        if "query" in source:
-            query = retargeted_query(source["query"], metadata["name"], name)
-            if query is None:
-                raise RolloutError(f"InferenceService {metadata['name']}: its autoscaling query does not "
-                                   f"select its own pods ({ISVC_METRIC_LABEL}), so {name} could not scale "
-                                   f"on its own traffic: {source['query']}")
-            source["query"] = query
-    return {"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
-            "metadata": {"name": name, **kept}, "spec": spec}
 
 
 def http_route(model_name: str, canary_percent: int, labels: Mapping[str, str] | None = None) -> dict:
@@ -244,7 +198,7 @@ def write(namespace: str, manifest: dict, get: Callable[[str, str], dict | None]
                        "another writer changed it between each read and write")
 
 
-def wait_for(cluster: Cluster, namespace: str, name: str, uri: str, timeout_seconds: float,
+def wait_for(cluster: RolloutApi, namespace: str, name: str, uri: str, timeout_seconds: float,
              timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
     """Waits until the InferenceService `name` serves `uri` on every replica; returns the final state
     or raises RolloutError."""
@@ -267,7 +221,7 @@ def wait_for(cluster: Cluster, namespace: str, name: str, uri: str, timeout_seco
         timing.sleep(timing.poll_seconds)
 
 
-def roll_out(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: float,
+def roll_out(cluster: RolloutApi, namespace: str, manifest: dict, timeout_seconds: float,
              timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
     """Applies `manifest` and waits for its version; returns the final state or raises RolloutError."""
     name, uri = manifest["metadata"]["name"], storage_uri(manifest)
@@ -277,14 +231,14 @@ def roll_out(cluster: Cluster, namespace: str, manifest: dict, timeout_seconds: 
     return wait_for(cluster, namespace, name, uri, timeout_seconds, timing, say)
 
 
-def route_to(cluster: Cluster, namespace: str, model_name: str, canary_percent: int,
+def route_to(cluster: RolloutApi, namespace: str, model_name: str, canary_percent: int,
              labels: Mapping[str, str]) -> None:
     """Creates the route, or sets its weights."""
     write(namespace, http_route(model_name, canary_percent, labels), cluster.get_http_route,
           cluster.create_http_route, cluster.replace_http_route)
 
 
-def routes_to_canary(cluster: Cluster, namespace: str, model_name: str) -> bool:
+def routes_to_canary(cluster: RolloutApi, namespace: str, model_name: str) -> bool:
     """Whether the route has a backend for the canary's predictor Service."""
     route = cluster.get_http_route(namespace, route_name(model_name))
     service = predictor_deployment_name(canary_name(model_name))
@@ -292,7 +246,7 @@ def routes_to_canary(cluster: Cluster, namespace: str, model_name: str) -> bool:
                                      for backend in rule.get("backendRefs", []))
 
 
-def deploy(cluster: Cluster, namespace: str, manifest: dict, canary_percent: int, timeout_seconds: float,
+def deploy(cluster: RolloutApi, namespace: str, manifest: dict, canary_percent: int, timeout_seconds: float,
            timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
     """The serve step: the version of `manifest` (named `<model>`) becomes the stable version when
     there is none yet or `canary_percent` is 0, and otherwise the canary with that share of requests.
@@ -323,7 +277,7 @@ def deploy(cluster: Cluster, namespace: str, manifest: dict, canary_percent: int
             f"version {model_version(stable)} stays stable")
 
 
-def retire_canary(cluster: Cluster, namespace: str, model_name: str, say: Callable[[str], None]) -> None:
+def retire_canary(cluster: RolloutApi, namespace: str, model_name: str, say: Callable[[str], None]) -> None:
     """Deletes the canary InferenceService, if any (its release stays on storage)."""
     name = canary_name(model_name)
     try:
@@ -333,7 +287,7 @@ def retire_canary(cluster: Cluster, namespace: str, model_name: str, say: Callab
     say(f"rollout: deleted InferenceService {namespace}/{name}")
 
 
-def canary_gone(cluster: Cluster, namespace: str, model_name: str, reason: str,
+def canary_gone(cluster: RolloutApi, namespace: str, model_name: str, reason: str,
                 say: Callable[[str], None]) -> RolloutError:
     """What a step fails with when the canary InferenceService is gone (someone deleted it): first
     every request goes to the stable version, as a rollback does it, since a backend whose Service is
@@ -341,7 +295,7 @@ def canary_gone(cluster: Cluster, namespace: str, model_name: str, reason: str,
     return RolloutError(f"{reason}; {rollback(cluster, namespace, model_name, say)}")
 
 
-def promote(cluster: Cluster, namespace: str, model_name: str, timeout_seconds: float,
+def promote(cluster: RolloutApi, namespace: str, model_name: str, timeout_seconds: float,
             timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
     """The stable InferenceService takes the canary's release and rolls out to it (the split stays
     as it is meanwhile: both backends serve the canary's version by the end); then every request goes
@@ -357,7 +311,7 @@ def promote(cluster: Cluster, namespace: str, model_name: str, timeout_seconds: 
     return f"promoted version {version}: {reached}; the route sends it every request"
 
 
-def rollback(cluster: Cluster, namespace: str, model_name: str, say: Callable[[str], None] = print) -> str:
+def rollback(cluster: RolloutApi, namespace: str, model_name: str, say: Callable[[str], None] = print) -> str:
     """Every request to the stable version, then the canary deleted; no version leaves storage."""
     stable = cluster.get_inference_service(namespace, model_name)
     if stable is None:
@@ -376,7 +330,7 @@ def _ready(pod: dict) -> bool:
         for condition in status.get("conditions") or [])
 
 
-def scrape(cluster: Cluster, namespace: str, isvc: dict) -> dict[str, canary.Evidence]:
+def scrape(cluster: RolloutApi, namespace: str, isvc: dict) -> dict[str, canary.Evidence]:
     """Pod name -> what that predictor pod has served, over its life (its counters restart with it).
     A pod that is not ready, or whose /metrics cannot be read this time (it is going away), is left
     out of this look; what it served before stays in the earlier looks' totals only."""
@@ -417,7 +371,7 @@ class Analysis:
                 "waitedSeconds": round(self.waited_seconds, 1)}
 
 
-def analyse(cluster: Cluster, namespace: str, model_name: str, policy: canary.Policy,
+def analyse(cluster: RolloutApi, namespace: str, model_name: str, policy: canary.Policy,
             max_wait_seconds: float, version: str | None = None, timing: Timing = Timing(),
             say: Callable[[str], None] = print) -> Analysis | None:
     """Waits until the canary has answered policy.min_requests requests (since it started) or
@@ -504,7 +458,7 @@ def policy_of(args: argparse.Namespace) -> canary.Policy:
                          max_latency_ratio=args.max_latency_ratio)
 
 
-def run_command(cluster: Cluster, args: argparse.Namespace, timing: Timing = Timing(),
+def run_command(cluster: RolloutApi, args: argparse.Namespace, timing: Timing = Timing(),
                 say: Callable[[str], None] = print) -> None:
     namespace = args.namespace
     if args.command == "deploy":
@@ -547,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         run_command(ReleaseApi(), args)
-    except ClusterStepError as error:
+    except (ClusterStepError, ShapeError) as error:
         raise SystemExit(f"rollout: {args.command}: {error}") from None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from pipeline.manifests import PART_OF
+from common.cluster_target import PART_OF
 
 
 def service_account(resource_name: str, account: str, namespace: str,

@@ -20,8 +20,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_command import local
 
-from cluster_steps.names import GATEWAY_NAME, MODEL_LISTENER, ROUTE_GROUP
-from pipeline.manifests import PART_OF
+from common.cluster_names import GATEWAY_NAME, MODEL_LISTENER, ROUTE_GROUP
+from common.cluster_target import PART_OF
 
 GATEWAY_API_VERSION = f"{ROUTE_GROUP}/v1"
 REDIRECT_LISTENER = "http-redirect"

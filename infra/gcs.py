@@ -8,7 +8,7 @@ import dataclasses
 import pulumi
 import pulumi_gcp as gcp
 
-from pipeline.manifests import ClusterStorage, gcs_storage
+from common.cluster_target import ClusterStorage, gcs_storage
 
 STORAGE_ROLE = "roles/storage.objectAdmin"
 WORKLOAD_IDENTITY_ROLE = "roles/iam.workloadIdentityUser"

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_docker_build as docker_build
 from pulumi_command import local
 
-from pipeline.manifests import Images
+from common.cluster_target import Images
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The trainer with TensorFlow's CUDA libraries (gigabytes more), for training pods given GPUs: only
@@ -26,7 +26,7 @@ GPU_TRAINER_IMAGE = "trainer-gpu"
 IMAGE_INPUTS = {
     "trainer": ("trainer/Dockerfile", "requirements/trainer.txt", "common", "trainer"),
     "serving": ("serving/Dockerfile", "requirements/serving.txt", "common", "trainer", "serving",
-                "cluster_steps"),
+                "engines", "cluster_steps"),
     GPU_TRAINER_IMAGE: ("trainer-gpu/Dockerfile", "requirements/trainer-gpu.txt", "common", "trainer"),
 }
 # What every stack builds.

@@ -1,16 +1,13 @@
 """Monitoring: kube-prometheus-stack, a PodMonitor for our predictor, a ServiceMonitor for the training
-engine (Kueue, which queues the TrainJobs, or the training operator), and a Grafana dashboard of the
-system (request rate, latency p50/p99, predictor replicas, the training queue or TFJob outcomes).
+engine's controller (its metrics() says where: Kueue's, which queues the TrainJobs, or the training
+operator's), and a Grafana dashboard of the system (request rate, latency p50/p99, predictor replicas,
+and the engine's own panel: the training queue, or TFJob outcomes).
 
 Each monitor names a port that exists: our server serves /metrics on its HTTP port, which the
 InferenceService names; the predictor's monitor covers the stable and the canary InferenceService and
-labels their series with which one (what KEDA's queries select, cluster_steps.names.load_query); the
-training operator's container port 8080 has no name upstream, its
-Service's port does (`monitoring-port`); Kueue's metrics Service names its port `https` and serves
-/metrics to a caller whose token may GET it (kube-prometheus-stack's Prometheus may: its ClusterRole
-grants GET on /metrics), over TLS with Kueue's own certificate (the chart's ServiceMonitor skips its
-verification too). KServe's TF Serving runtime serves no Prometheus metrics
-unless given a monitoring config, so with runtime `tensorflow` the predictor has no monitor.
+labels their series with which one (what KEDA's queries select, common.cluster_names.load_query).
+KServe's TF Serving runtime serves no Prometheus metrics unless given a monitoring config, so with
+runtime `tensorflow` the predictor has no monitor.
 """
 
 from __future__ import annotations
@@ -21,10 +18,10 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster_steps.names import ISVC_LABEL, TRAINJOB_ENGINE, canary_name
-from infra.platform import KUEUE_NAMESPACE
-from infra.queue import CLUSTER_QUEUE
-from pipeline.manifests import PART_OF, PREDICTOR_PORT_NAME
+from cluster_steps.inference_service import CUSTOM_RUNTIME, PREDICTOR_PORT_NAME
+from common.cluster_names import ISVC_LABEL, canary_name
+from common.cluster_target import PART_OF
+from engines.base import TrainingEngine
 
 NAMESPACE = "monitoring"
 CHART = "kube-prometheus-stack"
@@ -34,16 +31,6 @@ PROMETHEUS_PORT = 9090
 # How often the predictor's pods are scraped: six samples in the minute KEDA's load queries average
 # over (the chart's default interval is 30 s).
 PREDICTOR_SCRAPE_INTERVAL = "10s"
-TRAINING_OPERATOR_NAMESPACE = "kubeflow"
-# The training operator's Service (manifests/base/service.yaml of kubeflow/trainer v1.9.x).
-TRAINING_OPERATOR_SERVICE_LABELS = {"app": "training-operator"}
-TRAINING_OPERATOR_METRICS_PORT = "monitoring-port"
-# Kueue's metrics Service (kueue v0.19.2 charts/kueue: metricsService, its labels in _helpers.tpl).
-KUEUE_METRICS_SERVICE_LABELS = {"app.kubernetes.io/name": "kueue",
-                                "app.kubernetes.io/component": "metrics-service"}
-KUEUE_METRICS_ENDPOINT = {"port": "https", "path": "/metrics", "scheme": "https",
-                          "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
-                          "tlsConfig": {"insecureSkipVerify": True}}
 # Values: helm.v4.Chart skips Helm hooks, and the chart's admission-webhook certificate jobs are
 # hooks; without them the operator's webhook and TLS would wait for a secret that never comes.
 CHART_VALUES = {
@@ -63,19 +50,7 @@ def panel(title: str, expressions: dict[str, str], unit: str, x: int, y: int) ->
                         for index, (legend, expr) in enumerate(expressions.items())]}
 
 
-def training_panel(namespace: str, engine: str) -> dict:
-    """TrainJobs waiting in and admitted by Kueue's queue, or the training operator's TFJob counts."""
-    if engine == TRAINJOB_ENGINE:
-        queue = f'cluster_queue="{CLUSTER_QUEUE}"'
-        return panel("Training queue", {"pending": f"sum(kueue_pending_workloads{{{queue}}})",
-                                        "admitted": f"sum(kueue_admitted_active_workloads{{{queue}}})"},
-                     "short", 12, 8)
-    return panel("TFJobs", {
-        name: f'sum(training_operator_jobs_{name}_total{{job_namespace="{namespace}"}})'
-        for name in ("created", "successful", "failed", "restarted")}, "short", 12, 8)
-
-
-def dashboard(namespace: str, model_name: str, engine: str) -> dict:
+def dashboard(namespace: str, model_name: str, engine: TrainingEngine) -> dict:
     latency = "histogram_quantile({q}, sum by (le) (rate(dist_ml_request_seconds_bucket[5m])))"
     return {
         "title": "dist-ml", "uid": "dist-ml", "schemaVersion": 39, "time": {"from": "now-1h", "to": "now"},
@@ -87,7 +62,7 @@ def dashboard(namespace: str, model_name: str, engine: str) -> dict:
             panel("Predictor replicas", {"available": (
                 f'sum(kube_deployment_status_replicas_available{{namespace="{namespace}", '
                 f'deployment=~"{model_name}-predictor.*"}})')}, "short", 0, 8),
-            training_panel(namespace, engine),
+            panel(*engine.dashboard(namespace), "short", 12, 8),
         ],
     }
 
@@ -119,14 +94,11 @@ def metrics_on(port: str) -> dict:
     return {"port": port, "path": "/metrics"}
 
 
-def monitors(namespace: str, model_name: str, runtime: str, engine: str) -> list[dict]:
-    found = ([monitor("ServiceMonitor", "kueue", KUEUE_NAMESPACE,
-                      {"matchLabels": KUEUE_METRICS_SERVICE_LABELS}, dict(KUEUE_METRICS_ENDPOINT))]
-             if engine == TRAINJOB_ENGINE else
-             [monitor("ServiceMonitor", "training-operator", TRAINING_OPERATOR_NAMESPACE,
-                      {"matchLabels": TRAINING_OPERATOR_SERVICE_LABELS},
-                      metrics_on(TRAINING_OPERATOR_METRICS_PORT))])
-    if runtime == "custom":
+def monitors(namespace: str, model_name: str, runtime: str, engine: TrainingEngine) -> list[dict]:
+    source = engine.metrics()
+    found = [monitor("ServiceMonitor", source.name, source.namespace,
+                     {"matchLabels": dict(source.service_labels)}, dict(source.endpoint))]
+    if runtime == CUSTOM_RUNTIME:
         predictors = {"key": ISVC_LABEL, "operator": "In", "values": [model_name, canary_name(model_name)]}
         found.append(monitor("PodMonitor", "dist-ml-predictor", namespace, {"matchExpressions": [predictors]},
                              {**metrics_on(PREDICTOR_PORT_NAME), "interval": PREDICTOR_SCRAPE_INTERVAL},
@@ -140,7 +112,7 @@ class MonitoringArgs:
     namespace: str  # the system's
     model_name: str
     runtime: str  # the predictor's: custom or tensorflow
-    engine: str  # pipeline.engine: what trains, and so what to monitor
+    engine: TrainingEngine  # pipeline.engine's: what trains, and so what to monitor
     provider: k8s.Provider
     depends_on: list[pulumi.Resource]  # the training engine's install, the system's namespace
 

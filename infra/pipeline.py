@@ -10,23 +10,25 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster_steps.names import API_CALLS, TRAIN_STEP_CALLS, TRAINJOB_ENGINE
+from common.cluster_names import API_CALLS
+from common.cluster_target import TRAINER_SERVICE_ACCOUNT, ClusterTarget
+from engines import ENGINES
+from engines.base import TrainingEngine
 from infra.accounts import bound_role, service_account
 from infra.awaits import SKIP_AWAIT
 from pipeline import argo
 from pipeline.config import PipelineConfig
-from pipeline.manifests import TRAINER_SERVICE_ACCOUNT, TRAINJOB_API_VERSION, ClusterTarget, runtime_names
 
 EXECUTOR_RULE = {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"],
                  "verbs": ["create", "patch"]}
 
 
-def workflow_pod_rules(engine: str) -> list[dict]:
+def workflow_pod_rules(engine: TrainingEngine) -> list[dict]:
     """What the workflow's pods do with their service account, and nothing more: Argo's emissary
-    executor reports results; train steps create, watch and (when giving up or retrying) delete their
-    engine's jobs, read their pods and, for a TrainJob, Kueue's Workload; the serve step creates or
-    replaces the InferenceService and reads its Deployment and pods to see the rollout."""
-    calls = sorted(set(TRAIN_STEP_CALLS[engine]) | set(API_CALLS))
+    executor reports results; train steps make their engine's calls (create, watch and, when giving up
+    or retrying, delete its jobs, read their pods, and what else the engine reads); the serve step
+    creates or replaces the InferenceService and reads its Deployment and pods to see the rollout."""
+    calls = sorted(set(engine.step_calls) | set(API_CALLS))
     return [EXECUTOR_RULE, *({"apiGroups": [group], "resources": [resource], "verbs": [verb]}
                              for group, resource, verb in calls)]
 
@@ -68,7 +70,8 @@ class PipelineResources(pulumi.ComponentResource):
         identities = [
             service_account(f"{name}-service-account", workflow_account, args.namespace,
                             args.service_account_annotations, on_cluster),
-            bound_role(name, workflow_account, args.namespace, workflow_pod_rules(args.config.engine),
+            bound_role(name, workflow_account, args.namespace,
+                       workflow_pod_rules(ENGINES[args.config.engine]),
                        args.namespace, workflow_account, on_cluster),
             # Training pods read and write storage and call no Kubernetes API.
             service_account(f"{name}-trainer-service-account", TRAINER_SERVICE_ACCOUNT, args.namespace,
@@ -88,10 +91,10 @@ class PipelineResources(pulumi.ComponentResource):
                                        depends_on=[*args.depends_on, *identities, memo_cache, cache_writer])
         # Before the template: a TrainJob naming a runtime that is not there is refused (by Trainer's
         # webhook and Kueue's).
-        runtimes = ([custom_resource(f"{name}-{runtime}", TRAINJOB_API_VERSION, "ClusterTrainingRuntime",
-                                     objects[argo.runtime_file(runtime)], None, needs)
-                     for runtime in runtime_names(args.config)]
-                    if args.config.engine == TRAINJOB_ENGINE else [])
+        # Their names and kinds do not depend on the cluster target (only their images and storage do).
+        runtimes = [custom_resource(f"{name}-{runtime['metadata']['name']}", runtime["apiVersion"],
+                                    runtime["kind"], objects[argo.runtime_file(runtime)], None, needs)
+                    for runtime in argo.training_runtimes(args.config, ClusterTarget())]
         needs = pulumi.ResourceOptions.merge(needs, pulumi.ResourceOptions(depends_on=runtimes))
         self.workflow_template = custom_resource(
             f"{name}-workflow-template", argo.API_VERSION, "WorkflowTemplate",

@@ -1,7 +1,7 @@
 """The cluster's platform, each piece pinned by a version and installed from its upstream release:
-the training engine (Kubeflow Trainer v2 with JobSet and Kueue, or the training operator v1 for
-TFJobs), Argo Workflows, cert-manager and KServe in Standard mode (Deployments and HPAs; no Knative),
-and KEDA when serving scales on load (infra/keda.py).
+the training engine's pieces (engines/: Kubeflow Trainer v2 with JobSet and Kueue, or the training
+operator v1 for TFJobs), Argo Workflows, cert-manager and KServe in Standard mode (Deployments and
+HPAs; no Knative), and KEDA when serving scales on load (infra/keda.py).
 
 Charts are helm.v4.Chart, which renders a chart and applies its objects but skips Helm hooks. The
 KServe charts' generator and the templates we read have no hooks, and KServe's docs install them
@@ -16,27 +16,13 @@ import dataclasses
 
 import pulumi
 import pulumi_kubernetes as k8s
-import yaml
 from pulumi_command import local
 
-from cluster_steps.names import TRAINJOB_ENGINE
+from cluster_steps.inference_service import STANDARD_MODE
+from engines.base import ChartInstall, Install, KustomizeInstall, TrainingEngine
 from infra.keda import Keda, KedaArgs
 from pipeline.argo import ARGO_NAMESPACE
-from pipeline.manifests import STANDARD_MODE
 
-TRAINING_OPERATOR = ("https://github.com/kubeflow/trainer.git/manifests/overlays/standalone"
-                     "?ref={version}")
-# Kubeflow Trainer v2: the controller, its CRDs and webhooks, and the JobSet release it is built on
-# (v2.3.0's overlay pulls JobSet v0.12.0's manifests), in kubeflow-system; upstream applies it
-# server-side, as the provider does everything. No built-in runtime: ours is the pipeline's.
-TRAINER = "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref={version}"
-TRAINER_NAMESPACE = "kubeflow-system"  # the overlay creates it
-KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
-KUEUE_NAMESPACE = "kueue-system"
-# How long Kueue lets an admitted job's pods take to be ready (pulled, scheduled, started) before it
-# evicts the job and queues it again (waitForPodsReady): a new GKE node and a TensorFlow image pull
-# take minutes. Requeues are not limited: the train step's timeout bounds the wait.
-PODS_READY_TIMEOUT = "15m"
 ARGO_INSTALL = "https://github.com/argoproj/argo-workflows/releases/download/{version}/install.yaml"
 CERT_MANAGER = "https://github.com/cert-manager/cert-manager/releases/download/{version}/cert-manager.yaml"
 KSERVE_CHARTS = "oci://ghcr.io/kserve/charts/{chart}"
@@ -64,31 +50,11 @@ exit 1
 """
 
 
-def kueue_manager_config(namespace: str) -> dict:
-    """Kueue's whole manager configuration (the chart takes it as one string, decoded strictly, and
-    it replaces the chart's default): TrainJobs only, in the pipeline's namespace only, each admitted
-    all at once (waitForPodsReady: Kueue v0.19 has it on by default; set here so it says how long).
-    No pod or Deployment integration: Argo's step pods and the predictors are not Kueue's to hold."""
-    return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
-        "health": {"healthProbeBindAddress": ":8081"},
-        "metrics": {"bindAddress": ":8443"},
-        "webhook": {"port": 9443},
-        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
-        "waitForPodsReady": {"timeout": PODS_READY_TIMEOUT, "blockAdmission": False,
-                             "requeuingStrategy": {"timestamp": "Eviction"}},
-        "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "integrations": {"frameworks": ["trainer.kubeflow.org/trainjob"]},
-    }
-
-
 @dataclasses.dataclass(frozen=True)
 class PlatformArgs:
-    engine: str  # pipeline.engine: trainjob or tfjob
-    training_operator_version: str  # tfjob
-    trainer_version: str  # trainjob: Kubeflow Trainer v2 (with its JobSet)
-    kueue_version: str  # trainjob
-    namespace: str  # the pipeline's, the only one Kueue manages
+    engine: TrainingEngine  # pipeline.engine's: what trains
+    engine_versions: dict[str, str]  # the engine's platform keys (its stack_keys) and their versions
+    namespace: str  # the pipeline's
     argo_version: str
     cert_manager_version: str
     kserve_version: str
@@ -107,11 +73,8 @@ class Platform(pulumi.ComponentResource):
         super().__init__("dist-ml:infra:Platform", name, None, opts)
         on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
 
-        training = (self._trainer_and_kueue(name, args, on_cluster) if args.engine == TRAINJOB_ENGINE
-                    else [k8s.kustomize.v2.Directory(
-                        f"{name}-training-operator",
-                        directory=TRAINING_OPERATOR.format(version=args.training_operator_version),
-                        opts=on_cluster)])
+        training = [self._install(name, install, args.provider)
+                    for install in args.engine.installs(args.engine_versions, args.namespace)]
 
         argo_namespace = k8s.core.v1.Namespace(
             f"{name}-argo-namespace", metadata={"name": ARGO_NAMESPACE}, opts=on_cluster)
@@ -152,19 +115,19 @@ class Platform(pulumi.ComponentResource):
         self.ready = [*training, argo_namespace, argo, kserve, runtimes]
         self.register_outputs({})
 
-    def _trainer_and_kueue(self, name: str, args: PlatformArgs,
-                           on_cluster: pulumi.ResourceOptions) -> list[pulumi.Resource]:
-        trainer = k8s.kustomize.v2.Directory(
-            f"{name}-trainer", directory=TRAINER.format(version=args.trainer_version), opts=on_cluster)
-        kueue_namespace = k8s.core.v1.Namespace(
-            f"{name}-kueue-namespace", metadata={"name": KUEUE_NAMESPACE}, opts=on_cluster)
-        kueue = k8s.helm.v4.Chart(
-            f"{name}-kueue", chart=KUEUE_CHART, version=args.kueue_version.removeprefix("v"),
-            namespace=KUEUE_NAMESPACE,
-            values={"managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(
-                kueue_manager_config(args.namespace), sort_keys=False)}},
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[kueue_namespace]))
-        return [trainer, kueue]
+    def _install(self, name: str, install: Install, provider: k8s.Provider) -> pulumi.Resource:
+        """One of the engine's pieces: a kustomize directory, or a chart in its own namespace."""
+        if isinstance(install, KustomizeInstall):
+            return k8s.kustomize.v2.Directory(f"{name}-{install.name}", directory=install.directory,
+                                              opts=pulumi.ResourceOptions(parent=self, provider=provider))
+        assert isinstance(install, ChartInstall)
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-{install.name}-namespace", metadata={"name": install.namespace},
+            opts=pulumi.ResourceOptions(parent=self, provider=provider))
+        return k8s.helm.v4.Chart(
+            f"{name}-{install.name}", chart=install.chart, version=install.version,
+            namespace=install.namespace, values=install.values,
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]))
 
     def _kserve_chart(self, name: str, chart: str, args: PlatformArgs, values: dict,
                       depends_on: list[pulumi.Resource]) -> k8s.helm.v4.Chart:

@@ -9,8 +9,8 @@ import dataclasses
 import pulumi
 import pulumi_gcp as gcp
 
+from common.cluster_target import Images
 from infra.images import BASE_IMAGES, GPU_TRAINER_IMAGE, IMAGE_INPUTS, content_tag, image_build
-from pipeline.manifests import Images
 
 REPOSITORY_ID = "dist-ml"
 # Artifact Registry takes a Google access token as the password of this user.

@@ -13,10 +13,10 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.cluster_names import CLUSTER_STORAGE_ROOT
+from common.cluster_target import PART_OF, PREDICTOR_SERVICE_ACCOUNT, ClusterTarget, storage_mount
 from infra.accounts import service_account
 from pipeline.config import Resources
-from pipeline.definition import CLUSTER_STORAGE_ROOT
-from pipeline.manifests import PART_OF, PREDICTOR_SERVICE_ACCOUNT, ClusterTarget, storage_mount
 
 LOGGER_NAME = "dist-ml-logger"
 LOGGER_SERVICE_ACCOUNT = LOGGER_NAME

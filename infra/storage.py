@@ -7,8 +7,8 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.cluster_target import PART_OF, STORAGE_CLAIM_NAME, ClusterStorage, pvc_storage
 from infra.awaits import SKIP_AWAIT
-from pipeline.manifests import PART_OF, STORAGE_CLAIM_NAME, ClusterStorage, pvc_storage
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Sequence
 
 from common import cli
+from common.cluster_target import DEFAULT_ARGO_VERSION, DEFAULT_PROMETHEUS_URL, ClusterTarget
 from pipeline import argo, local_canary
 from pipeline.config import ConfigError, load_config
 from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
 from pipeline.local_canary import Forced, RolloutError
-from pipeline.manifests import DEFAULT_ARGO_VERSION, DEFAULT_PROMETHEUS_URL, ClusterTarget
 from serving.client import ServerError
 from serving.process import ServerFailed
 from trainer.model_repository import RolloutError as RolloutStateError

@@ -30,22 +30,28 @@ drops v3's configMap.key, 6.x and older require it), and their dumps reorder eve
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from pathlib import Path
 from typing import Callable, Mapping
 
-from cluster_steps.names import (
+from cluster_steps.inference_service import PredictorSpec, Scaling, inference_service
+from common.cluster_names import (
+    CLUSTER_STORAGE_ROOT,
     MANIFEST_FLAG,
     RELEASE_MODULE,
-    TFJOB_ENGINE,
     TRAIN_STEP_MODULE,
-    TRAINJOB_ENGINE,
     WORKFLOW_TEMPLATE_NAME,
 )
+from common.cluster_target import PART_OF, ClusterStorage, ClusterTarget, Images, storage_mount
 from common.yaml_text import to_yaml
+from engines import ENGINES
+from engines.base import TrainingSpec
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
-    CLUSTER_STORAGE_ROOT,
+    SERVING_IMAGE,
+    TRAINER_IMAGE,
+    Layout,
     PipelineError,
     Step,
     StepKind,
@@ -53,18 +59,13 @@ from pipeline.definition import (
     ingest_memo_key,
     require_handlers,
     rollout_flags,
+    serving_flags,
 )
-from pipeline.manifests import (
-    PART_OF,
-    ClusterTarget,
-    container,
-    inference_service,
-    tfjob,
-    training_runtimes,
-    trainjob,
-)
+from pipeline.validation import ConfigError
 from trainer.dataset_files import MANIFEST_NAME
 
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+WORKFLOW_NAME = "{{workflow.name}}"  # Argo substitutes it in the manifests of resource templates
 MEMO_CACHE_NAME = "dist-ml-memoize"
 MEMO_CACHE_LABEL = "workflows.argoproj.io/configmap-type"
 ENTRYPOINT = "pipeline"
@@ -87,6 +88,61 @@ CLUSTER_STEP_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"},
                           "limits": {"cpu": "500m", "memory": "512Mi"}}
 
 
+def step_image(step: Step, images: Images) -> str:
+    """The image of a step's pods (ingest and select the trainer's, the cluster steps the server's)."""
+    return {TRAINER_IMAGE: images.trainer, SERVING_IMAGE: images.serving}[step.image]
+
+
+def step_container(step: Step, images: Images) -> dict:
+    """The container of a step that runs its own command on the storage volume."""
+    return {"name": MAIN_CONTAINER, "image": step_image(step, images), "imagePullPolicy": "IfNotPresent",
+            "command": list(step.command), "volumeMounts": [storage_mount()],
+            "resources": step.resources.as_manifest()}
+
+
+def training_spec(step: Step) -> TrainingSpec:
+    """A train step's training, for its engine; its job is named after the workflow and the step, so
+    that every run creates its own."""
+    return TrainingSpec(name=f"{WORKFLOW_NAME}-{step.name}", step=step.name, command=tuple(step.command),
+                        workers=step.replicas, parameter_servers=step.parameter_servers,
+                        resources=step.resources.as_manifest(), retries=step.retries,
+                        labels={WORKFLOW_LABEL: WORKFLOW_NAME})
+
+
+def training_runtimes(config: PipelineConfig, target: ClusterTarget) -> list[dict]:
+    """What the engine's jobs name beside them (its runtimes), for the stacks to declare."""
+    specs = [training_spec(step) for step in build_steps(config, CLUSTER_STORAGE_ROOT)
+             if step.kind == StepKind.TRAIN]
+    return ENGINES[config.engine].runtimes(specs, target)
+
+
+def release_uri(storage: ClusterStorage, model_name: str, version: str) -> str:
+    """Where select released one published version for serving (trainer.model_repository.release_dir,
+    as a URI): a directory holding only `<version>/`, TF Serving's layout, so KServe gives the
+    predictor that version and no other."""
+    return posixpath.join(Layout(storage.uri).releases, model_name, version)
+
+
+def predictor_spec(config: PipelineConfig, target: ClusterTarget, version: str,
+                   namespace: str) -> PredictorSpec:
+    """The InferenceService of one published `version` (a number, or Argo's placeholder for it) in
+    `namespace` (a name, or Argo's placeholder for it), from the serving section."""
+    serving = config.serving
+    autoscaling = serving.autoscaling
+    if autoscaling.on_load and target.prometheus_url is None:
+        raise ConfigError(f"serving.autoscaling.metric: {autoscaling.metric} is read from Prometheus, and "
+                          "this cluster has none: use metric cpu")
+    return PredictorSpec(
+        model_name=config.model_name, version=version, namespace=namespace,
+        storage_uri=release_uri(target.storage, config.model_name, version), runtime=serving.runtime,
+        runtime_version=serving.runtime_version, image=target.images.serving,
+        server_args=tuple(serving_flags(config)), resources=serving.resources.as_manifest(),
+        min_replicas=serving.min_replicas, max_replicas=serving.max_replicas,
+        scaling=Scaling(autoscaling.metric, autoscaling.target_value, autoscaling.on_load,
+                        autoscaling.scale_down_stabilization_seconds),
+        prometheus_url=target.prometheus_url, logger_url=target.logger_url)
+
+
 def retry_strategy(step: Step) -> dict:
     return {"limit": str(step.retries), "retryPolicy": "OnFailure"}
 
@@ -105,7 +161,7 @@ def ingest_template(config: PipelineConfig, step: Step, target: ClusterTarget) -
         "memoize": {"key": ingest_memo_key(config), "maxAge": config.memoize_max_age,
                     "cache": {"configMap": memo_cache_ref(step, target.argo_version)}},
         "retryStrategy": retry_strategy(step),
-        "container": container(step, MAIN_CONTAINER, target.images),
+        "container": step_container(step, target.images),
         "outputs": {"parameters": [
             {"name": "manifest", "valueFrom": {"path": f"{step.outputs[0]}/{MANIFEST_NAME}"}},
         ]},
@@ -114,23 +170,18 @@ def ingest_template(config: PipelineConfig, step: Step, target: ClusterTarget) -
 
 def select_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     """Select, and the number of the version it published as an output."""
-    main = container(step, MAIN_CONTAINER, target.images)
+    main = step_container(step, target.images)
     main["command"] = [*main["command"], "--published-version-file", PUBLISHED_VERSION_FILE]
     return {"name": step.name, "retryStrategy": retry_strategy(step), "container": main,
             "outputs": {"parameters": [
                 {"name": VERSION_PARAMETER, "valueFrom": {"path": PUBLISHED_VERSION_FILE}}]}}
 
 
-# pipeline.engine -> the job a training step creates.
-TRAINING_JOBS: dict[str, Callable[[PipelineConfig, Step, ClusterTarget], dict]] = {
-    TRAINJOB_ENGINE: trainjob, TFJOB_ENGINE: tfjob}
-
-
 def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     """Creates the step's TrainJob or TFJob and watches it to its end (cluster_steps.train says why
     not a resource template). The job belongs to the workflow: deleting the workflow deletes it and
     its pods."""
-    manifest = TRAINING_JOBS[config.engine](config, step, target)
+    manifest = ENGINES[config.engine].job(training_spec(step), target)
     manifest["metadata"]["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "Workflow",
                                                 "name": "{{workflow.name}}", "uid": "{{workflow.uid}}"}]
     timeout = config.train_timeout_seconds
@@ -156,8 +207,8 @@ def cluster_step_container(target: ClusterTarget, module: str, args: list[str]) 
 def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     """Deploys the version select published, as the stable version or as the canary, waiting a
     bounded time for it to roll out; outputs that version for the rollout step."""
-    manifest = inference_service(config, target, f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}",
-                                 "{{workflow.namespace}}")
+    version = f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}"
+    manifest = inference_service(predictor_spec(config, target, version, "{{workflow.namespace}}"))
     return {
         "name": step.name,
         "inputs": {"parameters": [{"name": VERSION_PARAMETER}]},
@@ -282,17 +333,16 @@ def memo_cache() -> dict:
 
 def render_objects(config: PipelineConfig, target: ClusterTarget = ClusterTarget()) -> dict[str, dict]:
     """File name -> object, for `render` and for the Pulumi programs."""
-    runtimes = training_runtimes(config, target) if config.engine == TRAINJOB_ENGINE else []
     return {
         "workflowtemplate.yaml": workflow_template(config, target),
         "workflow.yaml": workflow(),
         "memoize-cache.yaml": memo_cache(),
-        **{runtime_file(runtime["metadata"]["name"]): runtime for runtime in runtimes},
+        **{runtime_file(runtime): runtime for runtime in training_runtimes(config, target)},
     }
 
 
-def runtime_file(name: str) -> str:
-    return f"clustertrainingruntime-{name}.yaml"
+def runtime_file(runtime: dict) -> str:
+    return f"{runtime['kind'].lower()}-{runtime['metadata']['name']}.yaml"
 
 
 def write(config: PipelineConfig, out: Path, target: ClusterTarget = ClusterTarget()) -> list[Path]:

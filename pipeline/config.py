@@ -30,15 +30,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from cluster_steps.names import (
-    GENERATED_NAME_SUFFIX,
-    TFJOB_ENGINE,
-    TRAINJOB_ENGINE,
-    WORKFLOW_TEMPLATE_NAME,
-    train_step_name,
-    trainjob_name_limit,
-)
+from common.cluster_names import GENERATED_NAME_SUFFIX, WORKFLOW_TEMPLATE_NAME, train_step_name
+from engines import DEFAULT_ENGINE, ENGINES
 from pipeline.validation import (
     SCHEMA_DIALECT,
     ConfigError,
@@ -56,7 +51,6 @@ from pipeline.validation import (
     schema_command,
     standard_keywords,
 )
-from trainer.cluster import jobset_replicas
 from trainer.dataset_files import OFFICIAL_MIRROR
 from trainer.serving_contract import EXPORTER_TENSORFLOW
 from trainer.variants import VARIANTS
@@ -156,7 +150,17 @@ STRATEGY_SCHEMA = {
 }
 Strategy = Annotated[Union[StrategyName, dict[str, StrategyName]], BeforeValidator(_strategy_choice),
                      WithJsonSchema(STRATEGY_SCHEMA)]
-Engine = Literal[TRAINJOB_ENGINE, TFJOB_ENGINE]
+def _registered_engine(name: str) -> str:
+    """A registered training engine's name (engines.ENGINES, read when validating: an engine plugged in
+    after this module was imported counts)."""
+    if name not in ENGINES:
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": " or ".join(repr(known) for known in ENGINES)})
+    return name
+
+
+Engine = Annotated[str, AfterValidator(_registered_engine),
+                   WithJsonSchema({"enum": list(ENGINES), "type": "string"})]
 # trainer.train's --mixed-precision: float16 compute with float32 weights, `auto` where every GPU of a
 # worker supports it (compute capability >= 7.0; never on CPUs). PyYAML reads YAML 1.1, where an
 # unquoted on or off is a boolean: those are taken as the words.
@@ -342,7 +346,7 @@ class PipelineSettings(WithResources):
     retries: WholeNumber = Field(
         2, ge=0, description="restarts of a failed step (backoffLimit, retryStrategy.limit)")
     engine: Engine = Field(
-        TRAINJOB_ENGINE, description="what trains each variant on a cluster: trainjob (Kubeflow Trainer v2, "
+        DEFAULT_ENGINE, description="what trains each variant on a cluster: trainjob (Kubeflow Trainer v2, "
                                 "admitted by Kueue) or tfjob (the training operator v1)")
     train_timeout: Duration = Field(
         "6h", description="longest one attempt of a training step may take on a cluster, waiting in Kueue's "
@@ -391,8 +395,7 @@ class PipelineSettings(WithResources):
                 self.strategy_of(variant) == PARAMETER_SERVER for variant in self.variants):
             raise fail(f"applies only to strategy {PARAMETER_SERVER}; no variant trains so",
                        "parameterServers")
-        if self.engine == TRAINJOB_ENGINE:
-            self._trainjob_names_fit()
+        self._job_names_fit()
         under_parameter_servers = [v for v in self.variants if self.strategy_of(v) == PARAMETER_SERVER]
         if self.mixed_precision == "on" and under_parameter_servers:
             raise fail(f"cannot be on while variants train with {PARAMETER_SERVER} "
@@ -400,16 +403,18 @@ class PipelineSettings(WithResources):
                        f"training under {SYNC} only; use auto (float32 there) or off", "mixedPrecision")
         return self
 
-    def _trainjob_names_fit(self) -> None:
-        """Each variant's TrainJob, `<workflow>-train-<variant>`, leaves its JobSet's pod names DNS labels."""
+    def _job_names_fit(self) -> None:
+        """Each variant's job, `<workflow>-train-<variant>`, has a name its engine's controllers accept
+        (for a TrainJob, one that leaves its JobSet's pod names DNS labels)."""
+        engine = ENGINES[self.engine]
         workflow = len(WORKFLOW_TEMPLATE_NAME) + GENERATED_NAME_SUFFIX
         for variant in self.variants:
-            pods = jobset_replicas(self.workers, self.parameter_servers_of(variant))
-            length, limit = workflow + 1 + len(train_step_name(variant)), trainjob_name_limit(pods)
+            length = workflow + 1 + len(train_step_name(variant))
+            limit = engine.longest_name(self.workers, self.parameter_servers_of(variant))
             if length > limit:
-                raise fail(f"{variant}'s TrainJob would be named with {length} characters, and its JobSet's "
-                           f"pods ({pods}) allow {limit}: train it on fewer workers or give it a shorter "
-                           "name", "variants")
+                raise fail(f"{variant}'s {engine.job_resource.kind} would be named with {length} characters, "
+                           f"and its pods' names allow {limit}: train it on fewer workers or give it a "
+                           "shorter name", "variants")
 
 
 class PipelineConfig(PipelineSettings):

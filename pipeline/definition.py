@@ -18,7 +18,7 @@ import json
 import posixpath
 from typing import Iterable, Mapping
 
-from cluster_steps.names import train_step_name
+from common.cluster_names import train_step_name
 from pipeline.config import PipelineConfig, Resources
 from trainer.dataset_files import OFFICIAL_MD5
 
@@ -30,8 +30,6 @@ SELECT = "select"
 SERVE = "serve"
 ROLLOUT = "rollout"
 
-# Where every pod mounts the storage volume, on every cluster: the steps' paths are under it.
-CLUSTER_STORAGE_ROOT = "/mnt/dist-ml"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,12 +10,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
 
 from pulumi_policy import EnforcementLevel, PolicyPack, StackValidationPolicy  # noqa: E402
+from pulumi_policy.proxy import UnknownValueError  # noqa: E402
 
 from stacks.policy_pack import POLICIES, stack_validator  # noqa: E402
 
 PolicyPack(
     name="dist-ml",
     enforcement_level=EnforcementLevel.MANDATORY,
-    policies=[StackValidationPolicy(name=name, description=description, validate=stack_validator(check))
+    policies=[StackValidationPolicy(name=name, description=description,
+                                    validate=stack_validator(check, UnknownValueError))
               for name, (description, check) in POLICIES.items()],
 )

@@ -7,7 +7,7 @@ from contextvars import ContextVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from serving.metric_names import (
+from common.metric_names import (
     ERRORS_METRIC,
     IN_FLIGHT_METRIC,
     LATENCY_METRIC,

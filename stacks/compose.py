@@ -10,7 +10,15 @@ import posixpath
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster_steps.names import TRAINJOB_ENGINE, route_name
+from common.cluster_names import route_name
+from common.cluster_target import (
+    PREDICTOR_SERVICE_ACCOUNT,
+    TRAINER_SERVICE_ACCOUNT,
+    ClusterStorage,
+    ClusterTarget,
+)
+from engines import ENGINES
+from engines.base import QueuePlacement
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.monitoring import Monitoring, MonitoringArgs, prometheus_url, release_name
@@ -20,12 +28,6 @@ from infra.queue import TrainingQueue, TrainingQueueArgs
 from infra.serving import LOGGER_SERVICE_ACCOUNT, Serving, ServingArgs, logger_url
 from pipeline.argo import ARGO_NAMESPACE
 from pipeline.definition import Layout
-from pipeline.manifests import (
-    PREDICTOR_SERVICE_ACCOUNT,
-    TRAINER_SERVICE_ACCOUNT,
-    ClusterStorage,
-    ClusterTarget,
-)
 from stacks.kinds import KINDS
 from stacks.settings import StackConfig
 
@@ -47,11 +49,12 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     storage = kind.storage(cluster, namespace, storage_users(config))
     placement = kind.training_placement()
-    if config.pipeline.engine == TRAINJOB_ENGINE:
+    engine = ENGINES[config.pipeline.engine]
+    if engine.queued:
         TrainingQueue("training-queue", TrainingQueueArgs(
-            pool=placement.pool, node_labels=placement.node_selector, tolerations=placement.tolerations,
-            quota=placement.quota, namespace=config.namespace, provider=cluster.provider,
-            depends_on=[*platform.ready, namespace]))
+            engine=engine, placement=QueuePlacement(placement.pool, placement.node_selector,
+                                                    placement.tolerations, placement.quota),
+            namespace=config.namespace, provider=cluster.provider, depends_on=[*platform.ready, namespace]))
     target = pulumi.Output.from_input(images.images).apply(lambda built: ClusterTarget(
         images=built, storage=storage.storage, argo_version=config.platform.argo_version,
         logger_url=logger_url(config.namespace), prometheus_url=cluster_prometheus(config),
@@ -83,11 +86,10 @@ def declare_platform(config: StackConfig, provider: k8s.Provider, kubeconfig: pu
     """The platform; with KEDA only when serving scales on load (three pods and an external-metrics
     API service that nothing would use otherwise)."""
     versions = config.platform
+    engine = ENGINES[config.pipeline.engine]
     return Platform("platform", PlatformArgs(
-        engine=config.pipeline.engine,
-        training_operator_version=versions.training_operator_version,
-        trainer_version=versions.trainer_version,
-        kueue_version=versions.kueue_version,
+        engine=engine,
+        engine_versions={field: getattr(versions, field) for field in engine.stack_keys.get("platform", ())},
         namespace=config.namespace,
         argo_version=versions.argo_version,
         cert_manager_version=versions.cert_manager_version,
@@ -105,7 +107,7 @@ def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Pl
     Monitoring(MONITORING, MonitoringArgs(
         chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
         model_name=config.pipeline.model_name, runtime=config.pipeline.serving.runtime,
-        engine=config.pipeline.engine, provider=provider,
+        engine=ENGINES[config.pipeline.engine], provider=provider,
         depends_on=[*platform.ready, namespace]))
     return {"grafana": f"kubectl -n {MONITORING_NAMESPACE} port-forward "
                        f"service/{release_name(MONITORING)}-grafana 3000:80"}

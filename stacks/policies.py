@@ -1,5 +1,7 @@
 """Policies over the Kubernetes objects a stack declares, as plain functions of the rendered objects
-(each returns its violations), so that a CrossGuard policy pack can call them later.
+(each returns its violations), which the policy pack (stacks/policy_pack.py) runs under `pulumi
+preview` and `up`, and the tests over the render. A value Pulumi computes during `up` reads as
+UNKNOWN in a preview (stacks/declared.py): a policy passes over it, and judges it on `up`.
 
 Pods hide in many places: Deployments, TFJob replica templates, training runtimes' replicated jobs,
 Argo container templates, the TrainJobs and TFJobs the train steps create (a TrainJob's `trainer` is its
@@ -13,9 +15,10 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 
-from cluster_steps.names import MANIFEST_FLAG as ROLLOUT_MANIFEST_FLAG
-from cluster_steps.names import canary_name, predictor_deployment_name
+from common.cluster_names import MANIFEST_FLAG as ROLLOUT_MANIFEST_FLAG
+from common.cluster_names import canary_name, predictor_deployment_name
 from infra import gke_endpoint as gke
+from stacks.declared import UNKNOWN
 
 PRIVILEGED_ROLES = ("cluster-admin",)
 
@@ -70,6 +73,8 @@ def requests_and_limits(objects: Sequence[dict]) -> list[str]:
     for manifest in objects:
         for where, container in containers(manifest):
             resources = container.get("resources") or {}
+            if resources is UNKNOWN:
+                continue
             for kind in ("requests", "limits"):
                 missing = [r for r in ("cpu", "memory") if r not in (resources.get(kind) or {})]
                 if missing:
@@ -82,7 +87,7 @@ def pinned_images(objects: Sequence[dict]) -> list[str]:
     for manifest in objects:
         for where, container in containers(manifest):
             image = container.get("image")
-            if image is None:
+            if image is None or image is UNKNOWN:
                 continue
             name, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "")
             if "@sha256:" not in image and tag in ("", "latest"):

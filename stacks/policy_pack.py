@@ -1,42 +1,23 @@
 """stacks/policies.py's checks as the policy pack (policy/) runs them on `pulumi preview` and `up`:
 over the resources a stack declares, as Pulumi's policy engine hands them over (a type token, a name
-and the properties), each violation reported once. Kept free of pulumi_policy so that tests run it.
+and the properties), each violation reported once. Kept free of pulumi_policy so that tests run it;
+policy/__main__.py hands in the engine's UnknownValueError.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
 from stacks import policies
-
-HEAD_KEYS = ("apiVersion", "kind", "metadata")
-
-
-@dataclasses.dataclass(frozen=True)
-class Declared:
-    """A resource as the cloud policies read it."""
-    type: str
-    name: str
-    inputs: dict
+from stacks.declared import Declared, kubernetes_objects, plain
 
 
-def declared(resources: Iterable[Any]) -> list[Declared]:
-    """Pulumi's policy resources (resource_type, name, props) in the policies' terms."""
-    return [Declared(resource.resource_type, resource.name, dict(resource.props or {}))
+def declared(resources: Iterable[Any],
+             unknown_error: type[Exception] | tuple[type[Exception], ...] = ()) -> list[Declared]:
+    """Pulumi's policy resources (resource_type, name, props) in the policies' terms: the props read
+    through the engine's proxies into plain data, each value unknown during preview as UNKNOWN."""
+    return [Declared(resource.resource_type, resource.name, plain(resource.props or {}, unknown_error))
             for resource in resources]
-
-
-def kubernetes_objects(resources: Sequence[Declared]) -> list[dict]:
-    """The Kubernetes objects among them, as manifests."""
-    found = []
-    for resource in resources:
-        props = resource.inputs
-        if resource.type.startswith("kubernetes:") and "kind" in props and "apiVersion" in props:
-            metadata = {"name": resource.name, **(props.get("metadata") or {})}
-            found.append({"apiVersion": props["apiVersion"], "kind": props["kind"], "metadata": metadata,
-                          **{key: value for key, value in props.items() if key not in HEAD_KEYS}})
-    return found
 
 
 Check = Callable[[Sequence[Declared]], list[str]]
@@ -58,11 +39,12 @@ POLICIES: dict[str, tuple[str, Check]] = {
 }
 
 
-def stack_validator(check: Check) -> Callable[[Any, Callable[[str, str | None], None]], None]:
+def stack_validator(check: Check, unknown_error: type[Exception] | tuple[type[Exception], ...] = ()
+                    ) -> Callable[[Any, Callable[[str, str | None], None]], None]:
     """A StackValidationPolicy's `validate` running `check` over the stack's resources."""
 
     def validate(args: Any, report_violation: Callable[[str, str | None], None]) -> None:
-        for violation in check(declared(args.resources)):
+        for violation in check(declared(args.resources, unknown_error)):
             report_violation(violation, None)
 
     return validate

@@ -24,6 +24,7 @@ from common import cli
 from pipeline.validation import ConfigError
 from stacks.compose import define_stack
 from stacks.config import from_pulumi_values, parse_stack_config
+from stacks.declared import Declared, kubernetes_objects, plain
 from stacks.settings import PROJECT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -44,24 +45,6 @@ REMOTE_COMPONENTS = ("kubernetes:helm.sh/v4:Chart", "kubernetes:kustomize/v2:Dir
 
 
 @dataclasses.dataclass(frozen=True)
-class Declared:
-    type: str
-    name: str
-    inputs: dict
-    custom: bool
-    # Names of the resources it waits for: named in depends_on, or whose outputs its inputs use.
-    depends_on: frozenset[str] = frozenset()
-    delete_before_replace: bool = False
-    # Name of its parent (a component, or the stack): it registers, so it is created, after its parent.
-    parent: str = ""
-
-    @property
-    def is_kubernetes_object(self) -> bool:
-        return (self.custom and self.type.startswith("kubernetes:")
-                and not self.type.startswith("pulumi:providers") and "kind" in self.inputs)
-
-
-@dataclasses.dataclass(frozen=True)
 class Rendered:
     resources: list[Declared]
     outputs: dict[str, Any]
@@ -69,7 +52,7 @@ class Rendered:
 
     @property
     def objects(self) -> list[dict]:
-        return [kubernetes_object(r) for r in self.resources if r.is_kubernetes_object]
+        return kubernetes_objects(self.resources)
 
     def of_type(self, type_token: str) -> list[Declared]:
         return [r for r in self.resources if r.type == type_token]
@@ -86,7 +69,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         key = (args.typ, args.name)
-        self.declared.append(Declared(args.typ, args.name, dict(args.inputs), bool(args.custom),
+        self.declared.append(Declared(args.typ, args.name, plain(args.inputs), bool(args.custom),
                                       self.dependencies.get(key, frozenset()),
                                       key in self.deleted_before_replaced, self.parents.get(key, "")))
         state = dict(args.inputs)
@@ -136,31 +119,9 @@ class RecordingMonitor(MockMonitor):
         return super().RegisterResource(request)
 
 
-def integral_floats_as_ints(value: Any) -> Any:
-    """Undoes the mocks' wire format, which carries every number as a float."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {key: integral_floats_as_ints(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [integral_floats_as_ints(item) for item in value]
-    return value
-
-
-HEAD_KEYS = ("apiVersion", "kind", "metadata")
-
-
 def command_output(inputs: dict) -> str:
     """What a command prints: a kubeconfig (k3d kubeconfig get), or nothing."""
     return FAKE_KUBECONFIG if "kubeconfig" in str(inputs.get("create")) else ""
-
-
-def kubernetes_object(resource: Declared) -> dict:
-    inputs = integral_floats_as_ints(resource.inputs)
-    metadata = dict(inputs.get("metadata") or {})
-    metadata.setdefault("name", resource.name)  # Pulumi autonames it with a random suffix
-    head = {"apiVersion": inputs["apiVersion"], "kind": inputs["kind"], "metadata": metadata}
-    return {**head, **{key: value for key, value in inputs.items() if key not in HEAD_KEYS}}
 
 
 def pulumi_values(stack_file: Path) -> dict[str, str]:
@@ -228,8 +189,7 @@ def summary(rendered: Rendered) -> str:
             detail = {key: resource.inputs[key] for key in ("dockerfile", "tags", "platforms", "push", "load")
                       if key in resource.inputs}
         elif resource.type.startswith("gcp:"):
-            detail = {key: value for key, value in integral_floats_as_ints(resource.inputs).items()
-                      if key in GCP_KEY_SETTINGS}
+            detail = {key: value for key, value in resource.inputs.items() if key in GCP_KEY_SETTINGS}
         elif resource.type.startswith("pulumi:providers:"):
             detail = {key: value for key, value in resource.inputs.items() if key in ("namespace",)}
         else:

@@ -14,7 +14,8 @@ from typing import Annotated, Any, ClassVar, Iterator, Mapping
 
 from pydantic import Field, Strict, model_validator
 
-from cluster_steps.names import TFJOB_ENGINE, TRAINJOB_ENGINE
+from common.cluster_target import DEFAULT_ARGO_VERSION, GPU_RESOURCE
+from engines import ENGINES
 from pipeline.argo import SUPPORTED_ARGO_VERSION
 from pipeline.config import (
     Autoscaling,
@@ -24,7 +25,6 @@ from pipeline.config import (
     ScalingMetric,
     ServingConfig,
 )
-from pipeline.manifests import DEFAULT_ARGO_VERSION, GPU_RESOURCE
 from pipeline.validation import DnsLabel, Quantity, Section, fail, matching, quantity_value
 from trainer.cluster import NODE_JOB, jobset_replicas
 
@@ -118,27 +118,21 @@ class StackSettings(PipelineSections):
         return {key: value for key, value in raw.items()
                 if key in ours or not str(key).startswith(f"{cls.PROVIDER}:")}
 
-    # Keys (section -> keys) that set up one engine's pieces: set for the other engine, they would do
-    # nothing, so they are errors there, and dumps leave them out.
-    ENGINE_KEYS: ClassVar[dict[str, dict[str, tuple[str, ...]]]] = {
-        TRAINJOB_ENGINE: {"platform": ("trainer_version", "kueue_version"), "cluster": ("training_quota",)},
-        TFJOB_ENGINE: {"platform": ("training_operator_version",)}}
-
-    def _other_engines_keys(self) -> Iterator[tuple[str, str, str]]:
-        """(section, field name, key) of each key that belongs to another engine than this stack's."""
-        for engine, sections in self.ENGINE_KEYS.items():
-            for section, names in sections.items():
+    # Keys that set up one engine's pieces (each engine's stack_keys): set for another engine, they
+    # would do nothing, so they are errors there, and dumps leave them out.
+    def _other_engines_keys(self) -> Iterator[tuple[str, str, str, str]]:
+        """(engine, section, field name, key) of each key of another engine than this stack's."""
+        for name, engine in ENGINES.items():
+            for section, fields in engine.stack_keys.items():
                 model = type(getattr(self, section))
-                for name in names:
-                    if engine != self.pipeline.engine and name in model.model_fields:
-                        yield section, name, model.model_fields[name].alias or name
+                for field in fields:
+                    if name != self.pipeline.engine and field in model.model_fields:
+                        yield name, section, field, model.model_fields[field].alias or field
 
     @model_validator(mode="after")
     def _keys_of_the_engine(self) -> StackSettings:
-        for section, name, key in self._other_engines_keys():
-            if name in getattr(self, section).model_fields_set:
-                owner = next(engine for engine, keys in self.ENGINE_KEYS.items()
-                             if name in keys.get(section, ()))
+        for owner, section, field, key in self._other_engines_keys():
+            if field in getattr(self, section).model_fields_set:
                 raise fail(f"applies only to pipeline.engine {owner}, and this stack's is "
                            f"{self.pipeline.engine}; remove it or change the engine", f"{section}.{key}")
         return self
@@ -150,9 +144,10 @@ class StackSettings(PipelineSections):
 
     @model_validator(mode="after")
     def _every_trainjob_fits_the_quota(self) -> StackSettings:
-        """Kueue admits a TrainJob only when the quota holds all of its pods at once: one that asks for
-        more would wait in the queue until the train step's timeout."""
-        found = self.training_quota() if self.pipeline.engine == TRAINJOB_ENGINE else None
+        """A queued engine's queue (Kueue, for TrainJobs) admits a job only when the quota holds all of
+        its pods at once: one that asks for more would wait in the queue until the train step's timeout."""
+        engine = ENGINES[self.pipeline.engine]
+        found = self.training_quota() if engine.queued else None
         if found is None:
             return self
         quota, gpus = found
@@ -163,17 +158,18 @@ class StackSettings(PipelineSections):
             asks = {name: quantity_value(requests[name]) * pods for name in ("cpu", "memory")}
             if gpus:
                 asks[GPU_RESOURCE] = gpus * replicas[NODE_JOB]
+            kind = engine.job_resource.kind
             for name, amount in asks.items():
                 if amount > quantity_value(quota[name]):
-                    raise fail(f"{variant}'s TrainJob asks for {shown_amount(name, amount)} at once, "
-                               f"more than cluster.trainingQuota holds ({quota[name]}): Kueue would never "
-                               "admit it; train on fewer workers, ask for less (pipeline.trainerResources) "
-                               "or give the pool more", "pipeline.workers")
+                    raise fail(f"{variant}'s {kind} asks for {shown_amount(name, amount)} "
+                               f"at once, more than cluster.trainingQuota holds ({quota[name]}): its queue "
+                               "would never admit it; train on fewer workers, ask for less "
+                               "(pipeline.trainerResources) or give the pool more", "pipeline.workers")
         return self
 
     def _shown(self, data: dict) -> dict:
         data = super()._shown(data)
-        for section, name, key in self._other_engines_keys():
+        for _, section, name, key in self._other_engines_keys():
             if isinstance(data.get(section), dict):
                 data[section] = {k: v for k, v in data[section].items() if k not in (name, key)}
         return data

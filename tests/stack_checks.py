@@ -12,7 +12,7 @@ import pulumi
 import pytest
 import yaml
 
-from cluster_steps import names as cluster_names
+from common import cluster_names
 from pipeline import argo
 from stacks import program, render
 

@@ -13,10 +13,11 @@ import stack_checks
 from conftest import REPO_ROOT
 from stack_checks import closure, embedded, objects_of, validate_all
 
+from common.cluster_target import DEFAULT_PROMETHEUS_URL
 from infra.monitoring import prometheus_url
-from pipeline.manifests import DEFAULT_PROMETHEUS_URL
 from stacks import render
 from stacks.compose import MONITORING
+from stacks.declared import Declared
 
 STACK_FILES = {"local": REPO_ROOT / "Pulumi.local.yaml", "gke": REPO_ROOT / "Pulumi.gke.yaml"}
 KUBERNETES_VERSION = "1.33"  # both stack files'
@@ -42,7 +43,7 @@ def predictor_isvc(stack: render.Rendered) -> dict:
     return embedded(template, "serve")
 
 
-def charts(stack: render.Rendered) -> dict[str, render.Declared]:
+def charts(stack: render.Rendered) -> dict[str, Declared]:
     return {r.inputs["chart"].rpartition("/")[2]: r for r in stack.of_type(HELM_CHART)}
 
 

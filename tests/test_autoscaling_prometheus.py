@@ -37,11 +37,12 @@ import pytest
 from conftest import in_ci
 from stack_checks import WORKFLOW_NAMESPACE, embedded
 
-from cluster_steps.names import ISVC_LABEL, TRAINJOB_ENGINE
+from cluster_steps.inference_service import PREDICTOR_PORT_NAME
+from common.cluster_names import ISVC_LABEL, PREDICTOR_CONTAINER
+from engines import DEFAULT_ENGINE, ENGINES
 from infra.monitoring import monitors
 from pipeline import argo
 from pipeline.config import parse_config
-from pipeline.manifests import PREDICTOR_CONTAINER, PREDICTOR_PORT_NAME
 from serving.loadtest import generated_images, run_load
 from serving.process import running_server, stop
 from tools import prometheus
@@ -150,7 +151,7 @@ def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
         published_repo, prometheus_binary, tmp_path):
     started = time.monotonic()
     queries = {metric: trigger_query(metric) for metric in ("inflight", "rps")}
-    (podmonitor,) = [m for m in monitors(WORKFLOW_NAMESPACE, MODEL, "custom", TRAINJOB_ENGINE)
+    (podmonitor,) = [m for m in monitors(WORKFLOW_NAMESPACE, MODEL, "custom", ENGINES[DEFAULT_ENGINE])
                      if m["kind"] == "PodMonitor"]
     assert podmonitor["spec"]["podMetricsEndpoints"][0]["port"] == PREDICTOR_PORT_NAME
     labels = target_labels(podmonitor, {ISVC_LABEL: MODEL, "component": "predictor"})

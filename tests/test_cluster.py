@@ -87,7 +87,7 @@ def test_a_cluster_with_ps_tasks_counts_only_its_workers_and_its_chief_coordinat
 
 def pod_env(job: str = "node", index: int = 0, nodes: int = 3, parameter_servers: int | None = None,
             **changes: str | None) -> dict[str, str]:
-    """What a pod of TrainJob `run-1-train-cnn` gets: the runtime's environment (pipeline.manifests) and
+    """What a pod of TrainJob `run-1-train-cnn` gets: the runtime's environment (engines/trainjob.py) and
     the completion index Kubernetes sets."""
     env = {JOBSET_NAME_ENV: "run-1-train-cnn", REPLICATED_JOB_ENV: job, COMPLETION_INDEX_ENV: str(index),
            NUM_NODES_ENV: str(nodes), PORT_ENV: "2222"}

@@ -28,16 +28,19 @@ from stack_checks import (
     training_pods,
 )
 
-from cluster_steps import names as cluster_names
+from cluster_steps import inference_service as shape
 from cluster_steps import release as rollout
+from common import cluster_names
+from common.cluster_target import GPU_RESOURCE, IMAGE_USER
+from engines import ENGINES, engine_of_job
+from engines.trainjob import TRAINER_NAMESPACE
 from infra import gke_endpoint, k3d
 from infra.pipeline import workflow_pod_rules
-from infra.platform import TRAINER_NAMESPACE
 from pipeline import argo
 from pipeline.definition import Layout
-from pipeline.manifests import GPU_RESOURCE, IMAGE_USER
 from stacks import render
 from stacks.config import parse_stack_config
+from stacks.declared import Declared
 from stacks.kinds import k3d as k3d_kind
 
 PROJECT, REGION = "dist-ml-test-4821", "us-central1"
@@ -132,9 +135,7 @@ def workflow_pod_needs(template: dict) -> set[tuple]:
         elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.RELEASE_MODULE]:
             needs |= set(cluster_names.API_CALLS)
         elif step.get("container", {}).get("command", [])[-1:] == [cluster_names.TRAIN_STEP_MODULE]:
-            engine = {"TrainJob": cluster_names.TRAINJOB_ENGINE, "TFJob": cluster_names.TFJOB_ENGINE}[
-                embedded(template, step["name"])["kind"]]
-            needs |= set(cluster_names.TRAIN_STEP_CALLS[engine])
+            needs |= set(engine_of_job(embedded(template, step["name"])["kind"]).step_calls)
     return needs
 
 
@@ -157,7 +158,7 @@ def test_the_workflow_pods_hold_exactly_what_their_templates_do(stack):
     account = template["spec"]["serviceAccountName"]
     assert named(stack, "ServiceAccount", account, namespace)
     assert grants(stack, namespace, namespace, account) == workflow_pod_needs(template)
-    assert not any(rule["resources"] == ["configmaps"] for engine in cluster_names.TRAIN_STEP_CALLS
+    assert not any(rule["resources"] == ["configmaps"] for engine in ENGINES.values()
                    for rule in workflow_pod_rules(engine))
 
 
@@ -254,7 +255,7 @@ def test_the_route_the_rollout_creates_attaches_to_the_stacks_gateway_and_reache
     assert {b["port"] for b in backends} == {80}
     # Evidence comes from the predictor container's port, where the server serves /metrics.
     (container,) = isvc["spec"]["predictor"]["containers"]
-    assert rollout.metrics_port(isvc) == container["ports"][0]["containerPort"]
+    assert shape.metrics_port(isvc) == container["ports"][0]["containerPort"]
     # The Gateway is created only once the cluster serves its CRDs.
     assert "gateway-crds-ready" in closure(stack, "gateway-gateway")
 
@@ -298,12 +299,12 @@ def test_the_k3d_host_port_binds_loopback_unless_the_stack_names_another_address
         "localhost", "localhost", "192.0.2.7"]
 
 
-def the(rendered: render.Rendered, type_token: str) -> render.Declared:
+def the(rendered: render.Rendered, type_token: str) -> Declared:
     (found,) = rendered.of_type(type_token)
     return found
 
 
-def subnets(rendered: render.Rendered) -> dict[str, render.Declared]:
+def subnets(rendered: render.Rendered) -> dict[str, Declared]:
     return {r.name: r for r in rendered.of_type(SUBNETWORK)}
 
 
@@ -418,7 +419,7 @@ def test_every_backend_of_a_public_endpoint_is_behind_an_allowlist_that_denies_t
     assert {f"gateway-gcpbackendpolicy-{name}" for name in backends} <= closure(public_gke, "gateway-gateway")
     assert "gcpbackendpolicies.networking.gke.io" in the_command(public_gke, "gateway-crds-ready")
     assert armor.inputs["type"] == "CLOUD_ARMOR"
-    rules = sorted(render.integral_floats_as_ints(armor.inputs["rules"]), key=lambda rule: rule["priority"])
+    rules = sorted(armor.inputs["rules"], key=lambda rule: rule["priority"])
     *allow, default = rules
     assert default["priority"] == 2147483647 and default["action"] == "deny(403)"
     assert default["match"]["config"]["srcIpRanges"] == ["*"]

@@ -15,9 +15,9 @@ from conftest import REPO_ROOT
 from pydantic import Field
 from stack_checks import embedded, objects_of, validate_all
 
+from common.cluster_target import Images
 from infra.gateway import GatewayPlacement
 from infra.storage import PvcStorage, PvcStorageArgs
-from pipeline.manifests import Images
 from pipeline.validation import ConfigError, Section
 from stacks import kinds, render
 from stacks.config import parse_stack_config

@@ -18,11 +18,11 @@ from kserve.protocol.rest.v2_endpoints import register_v2_endpoints
 from stack_checks import embedded
 from test_release import FakeKServe, deploy_args, manifest, run, uri_of
 
-from cluster_steps import release as rollout
+from cluster_steps import inference_service as m
+from cluster_steps import inference_service as shape
+from common.cluster_target import ClusterTarget, gcs_storage
 from pipeline import argo
-from pipeline import manifests as m
 from pipeline.config import parse_config
-from pipeline.manifests import ClusterTarget, gcs_storage
 from serving import client
 
 TARGETS = {"default": ClusterTarget(),
@@ -122,7 +122,7 @@ class RecordingKServe(FakeKServe):
 
     def _serves(self, predictor: str) -> bool:
         isvc = predictor.removesuffix("-predictor")
-        uri = rollout.storage_uri(self.isvcs[isvc])
+        uri = shape.storage_uri(self.isvcs[isvc])
         status = self.get_deployment("dist-ml", predictor)["status"]
         return uri not in self.stuck and status["availableReplicas"] == status["replicas"]
 
@@ -152,4 +152,4 @@ def test_the_route_moves_only_after_the_new_predictor_serves(percent):
     assert not any(entry.startswith(("route", "create route")) for entry in polls)
     assert cluster.at_route_writes and all(all(w.values()) for w in cluster.at_route_writes)
     new_isvc = "fmnist" if percent == 0 else "fmnist-canary"
-    assert rollout.model_version(cluster.isvcs[new_isvc]) == "3"
+    assert shape.model_version(cluster.isvcs[new_isvc]) == "3"

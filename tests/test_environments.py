@@ -1,7 +1,9 @@
 """The paths users run, each in the environment it runs in, not in the dev virtualenv:
 
-- the policy pack, in the virtualenv Pulumi builds for it from policy/requirements.txt alone, run over
-  a rendered stack as the policy engine calls it (and shown to reject a public bucket);
+- the policy pack, in the virtualenv Pulumi builds for it from policy/requirements.txt alone, served
+  as Pulumi serves it and asked over gRPC, as the engine asks, to judge a rendered stack (and shown to
+  reject a public bucket, an unpinned image, a container without requests, and to leave an image
+  unknown during preview to `pulumi up`);
 - the Pulumi program after `pip install '.[infra]'` into a clean virtualenv: both stacks render;
 - each image's lock: tests/test_image_environments.py (a module of its own, so that pytest-xdist
   builds those virtualenvs beside these).
@@ -14,13 +16,17 @@ built, the test fails (these are the paths users take).
 
 from __future__ import annotations
 
-import json
+import copy
 import subprocess
-import textwrap
 import types
 from pathlib import Path
+from typing import Iterator
 
+import grpc
 import pytest
+from google.protobuf import struct_pb2
+from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+from pulumi.runtime.rpc import UNKNOWN as UNKNOWN_DURING_PREVIEW
 from test_cluster_contracts import PROJECT, REGION, stack_values
 from test_policy_pack import as_policy_resources
 
@@ -34,61 +40,87 @@ POLICY_DIR = virtualenvs.POLICY_DIR
 
 # --- The policy pack ---------------------------------------------------------------------------------
 
-# Runs policy/__main__.py in the pack's virtualenv. The engine would serve the PolicyPack over gRPC;
-# here its constructor records the policies, and each one's validate is called as the engine calls it.
-POLICY_DRIVER = textwrap.dedent("""
-    import json, runpy, sys, types
-    import pulumi_policy
-
-    packs = []
-
-    def record(name, policies, enforcement_level=None, initial_config=None):
-        packs.append((name, policies))
-
-    pulumi_policy.PolicyPack = record
-    runpy.run_path(sys.argv[1], run_name="__main__")
-    (name, policies), = packs
-    resources = [types.SimpleNamespace(**r) for r in json.load(open(sys.argv[2]))]
-    found = {}
-    for policy in policies:
-        violations = []
-        policy.validate(types.SimpleNamespace(resources=resources),
-                        lambda message, urn=None: violations.append(message))
-        found[policy.name] = violations
-    print(json.dumps({"pack": name, "violations": found}))
-""")
-
-
 @pytest.fixture(scope="module")
 def policy_python() -> Path:
     return virtualenvs.policy_python()
 
 
-def run_policy_pack(python: Path, resources: list[types.SimpleNamespace], tmp_path: Path) -> dict:
-    """The pack's verdict over `resources`, run from the repository root as Pulumi runs it."""
-    declared = tmp_path / "resources.json"
-    declared.write_text(json.dumps([vars(resource) for resource in resources]))
-    pack = POLICY_DIR / "__main__.py"
-    result = subprocess.run([str(python), "-c", POLICY_DRIVER, str(pack), str(declared)], cwd=POLICY_DIR,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def policy_pack(policy_python) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    """policy/__main__.py in the pack's virtualenv, run as Pulumi runs it: it serves the analyzer on a
+    port of its own choosing and prints it; the engine then calls AnalyzeStack over gRPC."""
+    pack = subprocess.Popen([str(policy_python), "-u", "__main__.py"], cwd=POLICY_DIR,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = pack.stdout.readline().strip()
+        assert port.isdigit(), pack.stderr.read() if pack.poll() is not None else port
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield analyzer_pb2_grpc.AnalyzerStub(channel)
+    finally:
+        pack.kill()
+        pack.wait()
+
+
+def analyze_stack(pack: analyzer_pb2_grpc.AnalyzerStub, resources: list[types.SimpleNamespace]
+                  ) -> dict[str, list[str]]:
+    """The pack's violations over `resources`, by policy, as the engine asks for them on a preview:
+    each resource's properties a protobuf Struct (every number a float, unknown values as the engine's
+    sentinel)."""
+    request = analyzer_pb2.AnalyzeStackRequest()
+    for resource in resources:
+        properties = struct_pb2.Struct()
+        properties.update(resource.props)
+        request.resources.add(type=resource.resource_type, name=resource.name, properties=properties,
+                              urn=f"urn:pulumi:test::dist-ml::{resource.resource_type}::{resource.name}")
+    response = pack.AnalyzeStack(request, timeout=120)
+    found: dict[str, list[str]] = {}
+    for diagnostic in response.diagnostics:
+        # The engine's message: the policy's description, then the violation.
+        found.setdefault(diagnostic.policyName, []).append(
+            diagnostic.message.removeprefix(f"{diagnostic.description}\n"))
+    return found
 
 
 @pytest.mark.parametrize("stack", ["local", "gke"])
-def test_the_policy_pack_passes_each_stack_in_its_own_virtualenv(policy_python, stack, tmp_path):
-    verdict = run_policy_pack(policy_python, as_policy_resources(render.render(stack, stack_values(stack))),
-                              tmp_path)
-    assert verdict["pack"] == "dist-ml"
-    assert verdict["violations"] and all(found == [] for found in verdict["violations"].values()), verdict
+def test_the_policy_pack_passes_each_stack_in_its_own_virtualenv(policy_pack, stack):
+    assert analyze_stack(policy_pack, as_policy_resources(render.render(stack, stack_values(stack)))) == {}
 
 
-def test_the_policy_pack_rejects_a_public_bucket_in_its_own_virtualenv(policy_python, tmp_path):
+def test_the_policy_pack_rejects_a_public_bucket_in_its_own_virtualenv(policy_pack):
     resources = as_policy_resources(render.render("gke", stack_values("gke")))
     (bucket,) = [resource for resource in resources if resource.resource_type == policies.BUCKET]
     bucket.props = {**bucket.props, "publicAccessPrevention": "inherited"}
-    verdict = run_policy_pack(policy_python, resources, tmp_path)
-    assert any("public" in violation for violation in verdict["violations"]["private-buckets"]), verdict
+    found = analyze_stack(policy_pack, resources)
+    assert list(found) == ["private-buckets"] and "public" in found["private-buckets"][0], found
+
+
+LOOSE_DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "loose"},
+                    "spec": {"replicas": 1, "template": {"spec": {"containers": [
+                        {"name": "web", "image": "nginx:latest"}]}}}}
+
+
+def test_the_policy_pack_judges_containers_nested_in_the_engines_proxies(policy_pack):
+    """The engine hands the pack read-only proxies, not dicts: the policies still reach a Deployment's
+    containers (they did not, before stacks/declared.py read the proxies into plain data)."""
+    resources = [types.SimpleNamespace(resource_type="kubernetes:apps/v1:Deployment", name="loose",
+                                       props=LOOSE_DEPLOYMENT)]
+    found = analyze_stack(policy_pack, resources)
+    where = "Deployment/loose.spec.template.spec.containers[0]"
+    assert found == {"requests-and-limits": [f"{where}: no requests for cpu, memory",
+                                             f"{where}: no limits for cpu, memory"],
+                     "pinned-images": [f"{where}: image nginx:latest is not pinned (no tag, or latest)"]}
+
+
+def test_an_image_unknown_during_preview_is_left_to_pulumi_up(policy_pack):
+    """An image built by the stack has no digest until `pulumi up`: the preview passes over it, and
+    still judges everything else (the policy stays mandatory, not 'can't run during preview')."""
+    deployment = copy.deepcopy(LOOSE_DEPLOYMENT)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container["image"] = UNKNOWN_DURING_PREVIEW
+    resources = [types.SimpleNamespace(resource_type="kubernetes:apps/v1:Deployment", name="loose",
+                                       props=deployment)]
+    found = analyze_stack(policy_pack, resources)
+    assert "pinned-images" not in found and len(found["requests-and-limits"]) == 2, found
 
 
 def test_the_policy_pack_imports_only_what_its_requirements_install(policy_python):

@@ -13,10 +13,11 @@ import yaml
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
-from cluster_steps import names as cluster_names
+from common import cluster_names
 from infra.gcp_apis import GCP_APIS
 from pipeline.definition import train_step_name
 from stacks import policies, render
+from stacks.declared import Declared
 from trainer.variants import VARIANTS
 
 STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
@@ -97,7 +98,7 @@ def test_the_stack_enables_every_api_it_needs_and_leaves_them_on_when_destroyed(
     assert not render.render("local", render.pulumi_values(LOCAL_STACK_FILE)).of_type(SERVICE)
 
 
-def waits_for(resource: render.Declared, by_name: dict[str, render.Declared]) -> set[str]:
+def waits_for(resource: Declared, by_name: dict[str, Declared]) -> set[str]:
     """Names of everything created before `resource`: its dependencies and its parent, and theirs."""
     found: set[str] = set()
     pending = [resource]
@@ -122,7 +123,7 @@ def test_every_google_resource_waits_for_the_apis(gke_stack):
         assert services <= waits_for(resource, by_name), resource.name
 
 
-def types_without_their_api(resources: list[render.Declared]) -> set[str]:
+def types_without_their_api(resources: list[Declared]) -> set[str]:
     """The Google resource types among `resources` whose module MODULE_APIS does not know, or whose
     API GCP_APIS lacks."""
     return {resource.type for resource in resources if resource.type.startswith("gcp:")
@@ -133,8 +134,8 @@ def types_without_their_api(resources: list[render.Declared]) -> set[str]:
 def test_every_google_resource_type_has_its_api_in_the_list(gke_stack):
     assert types_without_their_api(gke_stack.resources) == set()
     # A new kind of resource fails until its API is in GCP_APIS (and its module in MODULE_APIS).
-    topic = render.Declared("gcp:pubsub/topic:Topic", "topic", {}, True)
-    address = render.Declared("gcp:compute/globalAddress:GlobalAddress", "address", {}, True)
+    topic = Declared("gcp:pubsub/topic:Topic", "topic", {}, True)
+    address = Declared("gcp:compute/globalAddress:GlobalAddress", "address", {}, True)
     assert types_without_their_api([topic, address]) == {"gcp:pubsub/topic:Topic"}
 
 
@@ -145,8 +146,8 @@ def test_the_bucket_is_private_versioned_and_forgets_old_checkpoints(gke_stack):
     assert {"action": {"type": "Delete"},
             "condition": {"age": 30.0, "matchesPrefixes": ["checkpoints/"]}} in rules
     assert not gke_stack.of_type(policies.SERVICE_ACCOUNT_KEY)
-    careless = render.Declared(policies.BUCKET, "open", {"publicAccessPrevention": "inherited"}, True)
-    key = render.Declared(policies.SERVICE_ACCOUNT_KEY, "key", {}, True)
+    careless = Declared(policies.BUCKET, "open", {"publicAccessPrevention": "inherited"}, True)
+    key = Declared(policies.SERVICE_ACCOUNT_KEY, "key", {}, True)
     assert len(policies.cloud_violations([careless, key])) == 4  # the policies are not blind
 
 
@@ -222,7 +223,7 @@ def test_pods_use_the_pushed_images_by_digest(gke_stack):
 
 
 def pools_of(rendered: render.Rendered) -> dict[str, dict]:
-    return {r.name: render.integral_floats_as_ints(r.inputs) for r in rendered.of_type(NODE_POOL)}
+    return {r.name: r.inputs for r in rendered.of_type(NODE_POOL)}
 
 
 def trainer_resources(pod: dict) -> dict:

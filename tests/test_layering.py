@@ -1,12 +1,15 @@
 """The import rules between the project's packages, checked on every module's source with `ast`.
 
-Floors, lowest first: `common` (neutral helpers, imports no project package); `trainer` and
-`serving` (the two images: neither the pipeline nor Pulumi); `cluster_steps` (the workflow's steps
-against the Kubernetes API, in the serving image: no TensorFlow, and `serving` does not import
-them); `pipeline` (the step graph and its engines: no TensorFlow, no Pulumi, no infrastructure);
-`infra` (Pulumi components: no TensorFlow, never `stacks`); `stacks` (composes infra, may import
-anything below). Every import statement counts, including those inside functions, `try` blocks and
-`if TYPE_CHECKING:`, and so do `importlib.import_module("...")` calls with a literal name.
+Floors, lowest first: `common` (neutral helpers and the cluster path's shared names and target
+types, imports no project package); `trainer` and `serving` (the two images: neither the pipeline
+nor Pulumi); `engines` (the training engines, as data and functions over dicts: no TensorFlow, no
+Pulumi, and none of the floors above, since the train step, in the serving image, asks them too);
+`cluster_steps` (the workflow's steps against the Kubernetes API, in the serving image: no
+TensorFlow, and `serving` does not import them); `pipeline` (the step graph and how it runs: no
+TensorFlow, no Pulumi, no infrastructure); `infra` (Pulumi components: no TensorFlow, never
+`stacks`); `stacks` (composes infra, may import anything below). Every import statement counts,
+including those inside functions, `try` blocks and `if TYPE_CHECKING:`, and so do
+`importlib.import_module("...")` calls with a literal name.
 
 A CLI module is a package's `__main__` or a module named `cli`: the shared CLI plumbing lives in
 `common.cli`, so any other one belongs to one program and no module imports it. (Modules such as
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from conftest import REPO_ROOT
 
-PROJECT_PACKAGES = ("common", "trainer", "serving", "cluster_steps", "pipeline", "infra", "stacks",
+PROJECT_PACKAGES = ("common", "trainer", "serving", "engines", "cluster_steps", "pipeline", "infra", "stacks",
                     "testdata",
                     "benchmarks")
 TENSORFLOW = ("tensorflow", "tf_keras")
@@ -43,7 +46,8 @@ PULUMI = "pulumi*"  # pulumi, pulumi_kubernetes, pulumi_gcp, pulumi_command, pul
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "common": tuple(package for package in PROJECT_PACKAGES if package != "common"),
     "trainer": ("pipeline", "infra", "stacks", "benchmarks", PULUMI),
-    "serving": ("pipeline", "infra", "stacks", "benchmarks", "cluster_steps", PULUMI),
+    "serving": ("pipeline", "infra", "stacks", "benchmarks", "engines", "cluster_steps", PULUMI),
+    "engines": ("pipeline", "infra", "stacks", "benchmarks", "cluster_steps", *TENSORFLOW, PULUMI),
     "cluster_steps": ("pipeline", "infra", "stacks", "benchmarks", *TENSORFLOW, PULUMI),
     "pipeline": ("infra", "stacks", "benchmarks", *TENSORFLOW, PULUMI),
     "infra": ("stacks", "benchmarks", *TENSORFLOW),

@@ -19,13 +19,14 @@ from conftest import REPO_ROOT
 from packaging.requirements import Requirement
 from test_layering import PROJECT_PACKAGES, imports_of, project_modules
 
+from cluster_steps.inference_service import TF_SERVING_VERSION
 from infra.images import IMAGE_INPUTS
 from pipeline.config import release
-from pipeline.manifests import TF_SERVING_VERSION
 from tools import lock
 from trainer.serving_contract import EXPORTER_TENSORFLOW
 
-INSTALLED_PACKAGES = {"cluster_steps", "common", "trainer", "serving", "pipeline", "infra", "stacks"}
+INSTALLED_PACKAGES = {"cluster_steps", "common", "engines", "trainer", "serving", "pipeline", "infra",
+                      "stacks"}
 TRAINING_STACK = {"tf-keras", "tensorboard", "tensorflow-datasets", "matplotlib"}
 DEV_ONLY = {"pytest", "ruff", "hypothesis", "kubernetes-validate"}  # (kserve needs aiohttp, tfds psutil)
 # Distributions an image must hold and must leave out, by PEP 503 name ("pulumi*" matches every
@@ -41,7 +42,7 @@ MUST_LEAVE_OUT = {
 # The modules each image runs, and so everything they import must be in its lock. serving.loadtest
 # is the load generator: it runs from the dev venv against a server (aiohttp, matplotlib).
 DEV_TOOLS = {"serving.loadtest"}
-IMAGE_PACKAGES = {"trainer": ("trainer",), "serving": ("serving", "cluster_steps"),
+IMAGE_PACKAGES = {"trainer": ("trainer",), "serving": ("serving", "engines", "cluster_steps"),
                   "trainer-gpu": ("trainer",)}
 GPU_IMAGE = "trainer-gpu"
 ALL_IMAGES = (*lock.IMAGES, *lock.EXTENDED_IMAGES)

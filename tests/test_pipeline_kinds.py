@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cluster_steps import names as cluster_names
+from common import cluster_names
 from pipeline import argo, definition, local
 from pipeline.config import PipelineConfig, parse_config
 from pipeline.definition import PipelineError, Step, StepKind, build_steps, in_dependency_order

@@ -10,18 +10,13 @@ import yaml
 from conftest import run_module
 from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, WORKFLOW_NAMESPACE, embedded
 
-from cluster_steps import names as cluster_names
+from cluster_steps.inference_service import TF_SERVING_VERSION
+from common import cluster_names
+from common.cluster_target import TRAINER_SERVICE_ACCOUNT, ClusterTarget, ImageMissing, Images, gcs_storage
+from engines.trainjob import TRAINING_QUEUE
 from pipeline import argo
 from pipeline.config import ConfigError, parse_config
 from pipeline.definition import ingest_memo_key
-from pipeline.manifests import (
-    TF_SERVING_VERSION,
-    TRAINER_SERVICE_ACCOUNT,
-    ClusterTarget,
-    ImageMissing,
-    Images,
-    gcs_storage,
-)
 
 ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.py)
     "v4.1.2": "argo-v4.1.2/",
@@ -89,7 +84,7 @@ def test_trainjobs_follow_the_config_on_our_runtime_in_kueues_queue():
     assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure"}
     trainjob = embedded(template, "train-cnn-batchnorm")
     assert trainjob["metadata"]["name"] == f"{WORKFLOW_NAME}-train-cnn-batchnorm"
-    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == cluster_names.TRAINING_QUEUE
+    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == TRAINING_QUEUE
     (owner,) = trainjob["metadata"]["ownerReferences"]  # deleting the workflow deletes the job
     assert (owner["kind"], owner["name"]) == ("Workflow", WORKFLOW_NAME)
     runtime = objects["clustertrainingruntime-dist-ml-tensorflow.yaml"]

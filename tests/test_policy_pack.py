@@ -5,20 +5,29 @@ from __future__ import annotations
 
 import copy
 import types
+from collections.abc import Mapping
 
 import pytest
 import yaml
 from conftest import REPO_ROOT
+from google.protobuf import json_format, struct_pb2
 from test_cluster_contracts import public_gke_values, stack_values
 
 from stacks import policies, policy_pack, render
+from stacks.declared import UNKNOWN, kubernetes_objects, plain
 
 
 def as_policy_resources(rendered: render.Rendered) -> list[types.SimpleNamespace]:
-    """The stack's resources as the policy engine describes them: type token, name, properties."""
-    return [types.SimpleNamespace(resource_type=r.type, name=r.name,
-                                  props=render.integral_floats_as_ints(r.inputs))
+    """The stack's resources as the policy engine describes them: type token, name, and properties
+    through a protobuf Struct, as the engine sends them (every number a float)."""
+    return [types.SimpleNamespace(resource_type=r.type, name=r.name, props=through_struct(r.inputs))
             for r in rendered.resources if r.custom]
+
+
+def through_struct(inputs: dict) -> dict:
+    struct = struct_pb2.Struct()
+    struct.update(inputs)
+    return json_format.MessageToDict(struct)
 
 
 def reported(resources: list) -> dict[str, list[str]]:
@@ -35,8 +44,48 @@ def reported(resources: list) -> dict[str, list[str]]:
 def test_both_stacks_pass_every_policy(stack):
     values = public_gke_values() if stack == "gke-public" else stack_values(stack)
     resources = as_policy_resources(render.render(stack.partition("-")[0], values))
-    assert len(policy_pack.kubernetes_objects(policy_pack.declared(resources))) >= 15
+    assert len(kubernetes_objects(policy_pack.declared(resources))) >= 15
     assert reported(resources) == {name: [] for name in policy_pack.POLICIES}
+
+
+@pytest.mark.parametrize("stack", ["local", "gke"])
+def test_the_pack_judges_the_objects_the_render_writes(stack):
+    """One conversion (stacks/declared.py): what the policy engine hands over, numbers as floats,
+    becomes the very manifests the render writes and the tests check."""
+    rendered = render.render(stack, stack_values(stack))
+    objects = kubernetes_objects(policy_pack.declared(as_policy_resources(rendered)))
+    assert objects == rendered.objects and len(objects) >= 15
+
+
+class UnknownDuringPreview(Exception):
+    pass
+
+
+class EngineProxy(Mapping):
+    """A read-only Mapping, not a dict, raising on its unknown items: what the engine hands over."""
+
+    def __init__(self, items: dict, unknown: set[str]) -> None:
+        self.items_, self.unknown = items, unknown
+
+    def __getitem__(self, key):
+        if key in self.unknown:
+            raise UnknownDuringPreview(key)
+        return self.items_[key]
+
+    def __iter__(self):
+        return iter(self.items_)
+
+    def __len__(self):
+        return len(self.items_)
+
+
+def test_mappings_sequences_floats_and_unknowns_read_as_plain_data():
+    props = EngineProxy({"spec": EngineProxy({"replicas": 2.0, "ratio": 0.5, "ports": (80.0, "http"),
+                                              "image": "sentinel"}, {"image"})}, set())
+    assert plain(props, UnknownDuringPreview) == {
+        "spec": {"replicas": 2, "ratio": 0.5, "ports": [80, "http"], "image": UNKNOWN}}
+    with pytest.raises(UnknownDuringPreview):
+        plain(props)  # an error other than the one named is not swallowed
 
 
 def test_each_violation_is_reported():

@@ -17,12 +17,15 @@ import pytest
 from conftest import REPO_ROOT, run_module
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from cluster_steps import inference_service as shape
 from cluster_steps import kubernetes
-from cluster_steps import names as cluster_names
 from cluster_steps import release as rollout
+from cluster_steps.inference_service import SERVING_HTTP_PORT, inference_service
+from common import cluster_names
+from common.cluster_target import ClusterTarget, gcs_storage
+from engines import ENGINES
 from pipeline import argo
 from pipeline.config import parse_config
-from pipeline.manifests import SERVING_HTTP_PORT, ClusterTarget, gcs_storage, inference_service
 from serving import metrics
 from serving.canary import Evidence
 
@@ -32,7 +35,7 @@ OLD_URI, NEW_URI = "gs://bucket/releases/fmnist/2", "gs://bucket/releases/fmnist
 
 def manifest(version: str = "3") -> dict:
     target = ClusterTarget(storage=gcs_storage("bucket"))
-    return inference_service(parse_config({}), target, version, NAMESPACE)
+    return inference_service(argo.predictor_spec(parse_config({}), target, version, NAMESPACE))
 
 
 def deployment(uri: str, generation: int = 2, observed: int = 2, replicas: int = 2, updated: int = 2,
@@ -120,7 +123,7 @@ def test_it_waits_through_a_rolling_update_until_every_replica_runs_the_new_vers
     # An existing InferenceService is replaced with the run's spec, at the version it was read at.
     (replaced,) = cluster.replaced
     assert replaced["metadata"]["resourceVersion"] == "41" and cluster.created == []
-    assert rollout.storage_uri(replaced) == NEW_URI
+    assert shape.storage_uri(replaced) == NEW_URI
 
 
 def test_a_first_rollout_creates_the_inference_service():
@@ -183,7 +186,7 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
     granted = set.intersection(*({(group, resource, verb) for rule in workflow_pod_rules(engine)
                                   for group in rule["apiGroups"] for resource in rule["resources"]
                                   for verb in rule["verbs"]}
-                                 for engine in cluster_names.TRAIN_STEP_CALLS))  # whichever trains
+                                 for engine in ENGINES.values()))  # whichever trains
     made = set()
     routes = ("gateway.networking.k8s.io", "v1", NAMESPACE, "httproutes")
     isvcs = ("serving.kserve.io", "v1beta1", NAMESPACE, "inferenceservices")
@@ -323,11 +326,11 @@ class FakeKServe:
 
     def create_inference_service(self, namespace, manifest):
         self._create(self.isvcs, "InferenceService", manifest)
-        self.log.append(f"create isvc {manifest['metadata']['name']} {rollout.model_version(manifest)}")
+        self.log.append(f"create isvc {manifest['metadata']['name']} {shape.model_version(manifest)}")
 
     def replace_inference_service(self, namespace, name, manifest):
         self._replace(self.isvcs, "InferenceService", name, manifest)
-        self.log.append(f"replace isvc {name} {rollout.model_version(manifest)}")
+        self.log.append(f"replace isvc {name} {shape.model_version(manifest)}")
 
     def delete_inference_service(self, namespace, name):
         self._meddle(name)
@@ -354,14 +357,14 @@ class FakeKServe:
         isvc = self.isvcs.get(name.removesuffix("-predictor"))
         if isvc is None:  # KServe's garbage collection goes with the InferenceService
             return None
-        uri = rollout.storage_uri(isvc)
+        uri = shape.storage_uri(isvc)
         return deployment(uri, available=0) if uri in self.stuck else deployment(uri)
 
     def list_pods(self, namespace, label_selector):
         isvc = label_selector.partition("=")[2]
         if isvc not in self.isvcs:
             return []
-        uri = rollout.storage_uri(self.isvcs[isvc])
+        uri = shape.storage_uri(self.isvcs[isvc])
         new = [pod(uri, self.stuck[uri], "kserve-container", isvc=isvc)] if uri in self.stuck else []
         return new + [{**pod(uri), **ready_pod(name)} for name, (owner, _) in self.traffic.items()
                       if owner == isvc]
@@ -372,7 +375,7 @@ class FakeKServe:
             return None
         owner, series = self.traffic[pod_name]
         requests, errors, latency = series[0] if len(series) == 1 else series.pop(0)
-        return metrics_text(rollout.model_version(self.isvcs[owner]), requests, errors, latency)
+        return metrics_text(shape.model_version(self.isvcs[owner]), requests, errors, latency)
 
 
 def run(cluster, *args: str, meanwhile: Callable[[], None] = lambda: None) -> list[str]:
@@ -408,9 +411,9 @@ def test_a_later_version_is_deployed_as_a_canary_beside_the_stable_one_with_its_
                            "create route fmnist-predictor=75 fmnist-canary-predictor=25"]
     canary_isvc = cluster.isvcs["fmnist-canary"]
     # The same predictor, the new release, scaling on its own pods' load.
-    assert canary_isvc["spec"] == rollout.renamed(manifest("3"), "fmnist-canary")["spec"]
-    assert rollout.storage_uri(canary_isvc) == NEW_URI
-    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
+    assert canary_isvc["spec"] == shape.renamed(manifest("3"), "fmnist-canary")["spec"]
+    assert shape.storage_uri(canary_isvc) == NEW_URI
+    assert shape.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
     assert said[-1].endswith("taking 25% of requests; version 2 stays stable")
 
 
@@ -421,15 +424,15 @@ def load_query(isvc: dict) -> str:
 
 def test_the_canary_and_the_stable_version_each_scale_on_their_own_pods_load():
     stable = manifest("3")
-    canary = rollout.renamed(stable, "fmnist-canary")
+    canary = shape.renamed(stable, "fmnist-canary")
     assert load_query(stable).replace('inferenceservice="fmnist"', 'inferenceservice="fmnist-canary"') == \
         load_query(canary) != load_query(stable)
-    promoted = rollout.renamed(canary, "fmnist")  # promotion: the stable one takes the canary's spec
+    promoted = shape.renamed(canary, "fmnist")  # promotion: the stable one takes the canary's spec
     assert load_query(promoted) == load_query(stable)
-    stray = rollout.renamed(stable, "fmnist-canary")
+    stray = shape.renamed(stable, "fmnist-canary")
     stray["spec"]["predictor"]["autoScaling"]["metrics"][0]["external"]["metric"]["query"] = "sum(up)"
-    with pytest.raises(rollout.RolloutError, match="does not select its own pods"):
-        rollout.renamed(stray, "fmnist")
+    with pytest.raises(shape.ShapeError, match="does not select its own pods"):
+        shape.renamed(stray, "fmnist")
 
 
 def test_with_canary_percent_0_a_later_version_replaces_the_stable_one_at_once():
@@ -464,16 +467,17 @@ def test_a_pod_whose_metrics_cannot_be_read_is_left_out_of_that_look():
 def test_a_canary_that_serves_no_metrics_is_refused_before_anything_changes():
     config = parse_config({"pipeline": {"rollout": {"canaryPercent": 0}},  # refused with a canary
                            "serving": {"runtime": "tensorflow", "autoscaling": {"metric": "cpu"}}})
-    tf_serving = inference_service(config, ClusterTarget(storage=gcs_storage("bucket")), "3", NAMESPACE)
+    target = ClusterTarget(storage=gcs_storage("bucket"))
+    tf_serving = inference_service(argo.predictor_spec(config, target, "3", NAMESPACE))
     cluster = FakeKServe({"fmnist": manifest("2")})
-    with pytest.raises(rollout.RolloutError, match="serves no /metrics"):
+    with pytest.raises(shape.ShapeError, match="serves no /metrics"):
         rollout.deploy(cluster, NAMESPACE, tf_serving, 10, 60)
     assert cluster.log == []
 
 
 def canary_under_way(stable_series, canary_series) -> FakeKServe:
     cluster = FakeKServe({"fmnist": manifest("2"),
-                          "fmnist-canary": rollout.renamed(manifest("3"), "fmnist-canary")}, route_percent=10)
+                          "fmnist-canary": shape.renamed(manifest("3"), "fmnist-canary")}, route_percent=10)
     cluster.traffic = {"fmnist-predictor-a": ("fmnist", stable_series),
                        "fmnist-canary-predictor-a": ("fmnist-canary", canary_series)}
     return cluster
@@ -500,7 +504,7 @@ def test_a_healthy_canary_is_promoted_once_it_has_answered_enough_requests(tmp_p
     assert any(line.startswith("rollout: decision: ") for line in said)
     # The stable InferenceService takes the canary's release; then all traffic to it; the canary goes.
     assert cluster.log == ["replace isvc fmnist 3", "route fmnist-predictor=100", "delete isvc fmnist-canary"]
-    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == NEW_URI
+    assert shape.storage_uri(cluster.isvcs["fmnist"]) == NEW_URI
 
 
 def test_a_failing_canary_is_rolled_back_and_no_version_is_deleted(tmp_path):
@@ -508,7 +512,7 @@ def test_a_failing_canary_is_rolled_back_and_no_version_is_deleted(tmp_path):
     run(cluster, *decide_args(tmp_path))
     assert json.loads((tmp_path / "decision.json").read_text())["decision"] == "rollback"
     assert cluster.log == ["route fmnist-predictor=100", "delete isvc fmnist-canary"]
-    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
+    assert shape.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
 
 
 def test_without_enough_requests_the_decision_comes_at_max_wait(tmp_path):
@@ -550,7 +554,7 @@ def test_promote_and_rollback_by_hand():
 # --- Failure paths: a retried step, other writers, objects that vanish ----------------------------------
 
 def uri_of(version: str) -> str:
-    return rollout.storage_uri(manifest(version))
+    return shape.storage_uri(manifest(version))
 
 
 @pytest.mark.parametrize(("waiting", "failure"), [
@@ -579,7 +583,7 @@ def test_a_retried_rollout_with_canary_percent_0_that_broke_the_stable_version_f
     for _attempt in range(2):
         with pytest.raises(rollout.RolloutError, match="container kserve-container: CrashLoopBackOff"):
             run(cluster, *deploy_args("3", percent=0))
-        assert rollout.model_version(cluster.isvcs["fmnist"]) == "3"  # what the first attempt wrote
+        assert shape.model_version(cluster.isvcs["fmnist"]) == "3"  # what the first attempt wrote
         assert cluster.weights() == "fmnist-predictor=100"  # the old replicas serve on, as before
 
 
@@ -610,7 +614,7 @@ def test_a_write_that_conflicts_with_another_writers_is_read_again_and_retried(n
     cluster.before_writes_to(name, [lambda: cluster.touch(name)])
     run(cluster, *deploy_args("3", percent=0))
     assert cluster.log == ["replace isvc fmnist 3", "route fmnist-predictor=100"]
-    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == uri_of("3")
+    assert shape.storage_uri(cluster.isvcs["fmnist"]) == uri_of("3")
 
 
 def test_a_create_that_finds_the_object_already_there_replaces_it():
@@ -700,7 +704,7 @@ def test_a_canary_deleted_just_before_promote_reads_it_loses_its_share_and_the_s
     assert str(error.value) == ("no canary InferenceService dist-ml/fmnist-canary to promote; "
                                 "rolled back: version 2 serves every request")
     assert cluster.log == ["route fmnist-predictor=100"]
-    assert rollout.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
+    assert shape.storage_uri(cluster.isvcs["fmnist"]) == OLD_URI
 
 
 def test_retiring_a_canary_someone_already_deleted_is_not_an_error():
@@ -727,7 +731,7 @@ def test_the_route_splits_between_kserves_predictor_services_and_validates(valid
 
 
 def test_the_metrics_port_is_the_predictor_containers_port():
-    assert rollout.metrics_port(manifest()) == SERVING_HTTP_PORT
+    assert shape.metrics_port(manifest()) == SERVING_HTTP_PORT
 
 
 def test_the_serve_and_rollout_steps_arguments_are_ones_the_cli_accepts():

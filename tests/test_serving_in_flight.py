@@ -12,8 +12,8 @@ from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferRequest
 from prometheus_client import REGISTRY
 
+from common.metric_names import IN_FLIGHT_METRIC
 from serving.dataplane import StrictDataPlane
-from serving.metric_names import IN_FLIGHT_METRIC
 from serving.server import LimitAndMeasure
 
 MODEL = "fmnist"

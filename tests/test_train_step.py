@@ -15,9 +15,12 @@ from conftest import REPO_ROOT, run_module
 from stack_checks import embedded
 
 from cluster_steps import kubernetes
-from cluster_steps import names as cluster_names
 from cluster_steps import train as train_step
-from cluster_steps.kubernetes import TFJOB, TRAINJOB, Timing
+from cluster_steps.kubernetes import Timing
+from common import cluster_names
+from engines import ENGINES
+from engines.tfjob import TFJOB, TFJOB_NAME_LABEL
+from engines.trainjob import JOBSET_NAME_LABEL, TRAINING_QUEUE, TRAINJOB, WORKLOAD
 from pipeline import argo
 from pipeline.config import parse_config
 
@@ -67,7 +70,7 @@ def queued() -> dict:
 
 def workload(*conditions: dict, active: bool = True) -> dict:
     return {"metadata": {"name": f"trainjob-{NAME}-8a1f3", "labels": {"kueue.x-k8s.io/job-uid": UID}},
-            "spec": {"queueName": cluster_names.TRAINING_QUEUE, "active": active},
+            "spec": {"queueName": TRAINING_QUEUE, "active": active},
             "status": {"conditions": list(conditions)}}
 
 
@@ -86,7 +89,7 @@ MANIFESTS = {
                  "metadata": {"name": NAME}, "spec": {"trainer": {"numNodes": 2}}},
     "TFJob": {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": NAME}, "spec": {}},
 }
-POD_LABELS = {"TrainJob": cluster_names.JOBSET_NAME_LABEL, "TFJob": cluster_names.TFJOB_NAME_LABEL}
+POD_LABELS = {"TrainJob": JOBSET_NAME_LABEL, "TFJob": TFJOB_NAME_LABEL}
 
 
 def pulling_pod(reason: str = "ImagePullBackOff") -> dict:
@@ -140,8 +143,9 @@ class FakeCluster:
         assert label_selector == f"{POD_LABELS[self.kind]}={NAME}"
         return self.pods
 
-    def list_workloads(self, namespace, label_selector):
-        assert self.kind == "TrainJob" and label_selector == f"kueue.x-k8s.io/job-uid={UID}"
+    def list_objects(self, resource, namespace, label_selector):
+        assert self.kind == "TrainJob" and resource == WORKLOAD
+        assert label_selector == f"kueue.x-k8s.io/job-uid={UID}"
         self.calls.append("workloads")
         return self.workloads.pop(0) if len(self.workloads) > 1 else (self.workloads or [[]])[0]
 
@@ -171,7 +175,7 @@ def test_a_trainjob_kueue_holds_is_waiting_then_admitted_runs_and_completes():
     done, said = run(cluster)
     assert done == f"TrainJob {NAMESPACE}/{NAME} succeeded (AllJobsCompleted: jobset completed successfully)"
     assert said[0] == f"created TrainJob {NAMESPACE}/{NAME}"
-    assert said[1] == (f"{NAME}: queued by Kueue in {cluster_names.TRAINING_QUEUE}: Pending: couldn't assign "
+    assert said[1] == (f"{NAME}: queued by Kueue in {TRAINING_QUEUE}: Pending: couldn't assign "
                        "flavors to pod set node: insufficient unused quota for cpu in flavor dist-ml-k3d, "
                        "1 more needed")  # said once while it stays so
     assert said[2:] == [f"{NAME}: node: 1 active, 1 ready", f"{NAME}: node: 2 active, 2 ready"]
@@ -401,20 +405,20 @@ def test_the_argo_step_creates_the_rendered_job_of_its_engine_and_is_retried(eng
 def test_a_bad_manifest_is_refused_in_one_line():
     result = run_module("cluster_steps.train", "--namespace", "x", "--manifest", '{"kind": "Pod"}')
     assert result.returncode == 2
-    assert "not a TFJob or TrainJob manifest (ValueError: kind 'Pod')" in result.stderr
+    assert "not a TrainJob or TFJob manifest (kind 'Pod')" in result.stderr
     assert "Traceback" not in result.stderr and REPO_ROOT.is_dir()
 
 
 @pytest.mark.parametrize("engine, resource", [("trainjob", TRAINJOB), ("tfjob", TFJOB)])
 def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants_and_a_gone_job_is_deleted(
         engine, resource):
-    """TrainApi makes exactly the calls of TRAIN_STEP_CALLS[engine], and infra's Role for the workflow's
+    """TrainApi makes exactly the calls of ENGINES[engine].step_calls, and infra's Role for the workflow's
     pods grants exactly those (with the release steps' calls), no more."""
     from kubernetes import client
 
     from infra.pipeline import EXECUTOR_RULE, workflow_pod_rules
 
-    granted = {(group, res, verb) for rule in workflow_pod_rules(engine) if rule != EXECUTOR_RULE
+    granted = {(group, res, verb) for rule in workflow_pod_rules(ENGINES[engine]) if rule != EXECUTOR_RULE
                for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
     verbs = {"get_namespaced_custom_object": "get", "create_namespaced_custom_object": "create",
              "delete_namespaced_custom_object": "delete", "list_namespaced_custom_object": "list"}
@@ -446,8 +450,8 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants_and_a_gone_j
         cluster.create_job(resource, NAMESPACE, MANIFESTS[resource.kind])
         cluster.delete_job(resource, NAMESPACE, NAME)  # already gone: no error
         assert cluster.list_pods(NAMESPACE, "x=y") == []
-        if engine == "trainjob":
-            assert cluster.list_workloads(NAMESPACE, "x=y") == []
+        if engine == "trainjob":  # what it reads beside its job: Kueue's Workload, the refusals
+            assert cluster.list_objects(WORKLOAD, NAMESPACE, "x=y") == []
             assert cluster.list_warnings(NAMESPACE) == []
-    assert made == set(cluster_names.TRAIN_STEP_CALLS[engine])
+    assert made == set(ENGINES[engine].step_calls)
     assert granted == made | set(cluster_names.API_CALLS)

@@ -496,7 +496,7 @@ def string_constants(tree: ast.Module) -> set[str]:
 
 
 def imported_project_modules(tree: ast.Module) -> Iterable[Path]:
-    """The files of the project's modules that `tree` imports (`from cluster_steps.names import X`)."""
+    """The files of the project's modules that `tree` imports (`from common.cluster_names import X`)."""
     for node in ast.walk(tree):
         names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
                  else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])

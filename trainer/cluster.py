@@ -31,7 +31,7 @@ RPC_LAYER = "grpc"  # what TFJob's TF_CONFIG implies (it names no rpc_layer), an
 # The replicated jobs of our TensorFlow runtime: `node` is Trainer v2's (the TrainJob fills its
 # container `node` and sets its pod count, numNodes); `ps` holds the parameter servers, if any.
 NODE_JOB, PS_JOB = "node", "ps"
-# What a pod of our TrainJob knows, as environment variables (pipeline.manifests declares them in the
+# What a pod of our TrainJob knows, as environment variables (engines/trainjob.py declares them in the
 # runtime; Kubernetes sets JOB_COMPLETION_INDEX in every pod of an Indexed Job, as JobSet's are):
 JOBSET_NAME_ENV = "DIST_ML_JOBSET"  # the JobSet's name, the TrainJob's (label jobset.sigs.k8s.io/jobset-name)
 REPLICATED_JOB_ENV = "DIST_ML_REPLICATED_JOB"  # node or ps (label jobset.sigs.k8s.io/replicatedjob-name)

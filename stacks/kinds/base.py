@@ -16,8 +16,8 @@ from typing import ClassVar
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.cluster_target import ClusterStorage, Images
 from infra.gateway import GatewayPlacement
-from pipeline.manifests import ClusterStorage, Images
 from stacks.settings import StackConfig, StackSettings
 
 

@@ -14,7 +14,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import AfterValidator, Field, model_validator
 
-from cluster_steps.names import GATEWAY_NAME, canary_name, predictor_deployment_name
+from common.cluster_names import GATEWAY_NAME, canary_name, predictor_deployment_name
+from common.cluster_target import GPU_RESOURCE, PART_OF
 from infra.gateway import GatewayPlacement
 from infra.gcp_apis import GcpApis, GcpApisArgs
 from infra.gcs import GcsStorage, GcsStorageArgs
@@ -42,7 +43,6 @@ from infra.gke_public_endpoint import PublicEndpoint, PublicEndpointArgs
 from infra.network import GkeNetwork, GkeNetworkArgs, region_of
 from infra.registry import RegistryImages, RegistryImagesArgs
 from pipeline.config import Autoscaling, ScalingMetric
-from pipeline.manifests import GPU_RESOURCE, PART_OF
 from pipeline.validation import Section, Text, WholeNumber, fail, matching
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
 from stacks.settings import PROJECT, Flag, MonitoringConfig, StackServing, StackSettings, TrainingQuota

@@ -13,7 +13,7 @@ from conftest import REPO_ROOT
 from stack_checks import embedded, stack_values, template_of
 from tier_helpers import NAMESPACE, Step, delete_all, submitted_step
 
-from cluster_steps.names import ISVC_LABEL, ISVC_METRIC_LABEL, canary_name, predictor_deployment_name
+from common.cluster_names import ISVC_LABEL, ISVC_METRIC_LABEL, canary_name, predictor_deployment_name
 from infra.monitoring import prometheus_url
 from stacks import render
 from stacks.compose import MONITORING

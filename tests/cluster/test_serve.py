@@ -11,8 +11,9 @@ import json
 import pytest
 from tier_helpers import NAMESPACE, Step, delete_all, submitted_step
 
-from cluster_steps.names import ISVC_LABEL, canary_name, predictor_deployment_name, route_name
-from pipeline.manifests import pvc_storage, release_uri
+from common.cluster_names import ISVC_LABEL, canary_name, predictor_deployment_name, route_name
+from common.cluster_target import pvc_storage
+from pipeline.argo import release_uri
 from tools.control_plane.nodes import CRASH_LOOP_ANNOTATION
 
 ISVC_API = "serving.kserve.io/v1beta1"

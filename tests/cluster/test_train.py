@@ -14,8 +14,8 @@ from conftest import REPO_ROOT
 from stack_checks import stack_values, train_steps
 from tier_helpers import NAMESPACE, by_index, delete_all, end, running_pods, train_step, trainjob
 
-from cluster_steps.names import JOBSET_NAME_LABEL, TRAINING_QUEUE, WORKFLOW_TEMPLATE_NAME
-from pipeline.manifests import PS_COMMAND, RUNTIME_NAME, USAGE_ERROR_EXIT
+from common.cluster_names import WORKFLOW_TEMPLATE_NAME
+from engines.trainjob import JOBSET_NAME_LABEL, PS_COMMAND, RUNTIME_NAME, TRAINING_QUEUE, USAGE_ERROR_EXIT
 from stacks import render
 from trainer.cluster import LOCAL_ADDRESSES_ENV, cluster_from_environment, local_tasks
 

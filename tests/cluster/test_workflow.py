@@ -6,7 +6,8 @@ import re
 
 from tier_helpers import NAMESPACE
 
-from cluster_steps import names as cluster_names
+from common import cluster_names
+from engines import DEFAULT_ENGINE, ENGINES
 from infra.pipeline import EXECUTOR_RULE
 from pipeline import argo
 
@@ -57,7 +58,7 @@ def test_the_workflows_account_may_make_every_call_its_steps_make_and_nothing_el
     """Asked of the real authorizer (RBAC): every call of the train and serve steps is allowed for the
     workflow's service account; what its rules allow in its namespace is exactly those calls, the
     executor's, and what every authenticated user may do."""
-    for group, resource, verb in {*cluster_names.API_CALLS, *cluster_names.TRAIN_STEP_CALLS["trainjob"]}:
+    for group, resource, verb in {*cluster_names.API_CALLS, *ENGINES[DEFAULT_ENGINE].step_calls}:
         main, _, sub = resource.partition("/")
         review = tier.api.create(
             {
@@ -108,5 +109,5 @@ def test_the_workflows_account_may_make_every_call_its_steps_make_and_nothing_el
         for resource in EXECUTOR_RULE["resources"]
         for verb in EXECUTOR_RULE["verbs"]
     }
-    expected = {*cluster_names.API_CALLS, *cluster_names.TRAIN_STEP_CALLS["trainjob"], *executor}
+    expected = {*cluster_names.API_CALLS, *ENGINES[DEFAULT_ENGINE].step_calls, *executor}
     assert mine - everyone == expected

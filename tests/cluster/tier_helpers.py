@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stack_checks import embedded, template_of
 
-from cluster_steps.names import JOBSET_NAME_LABEL
+from engines.trainjob import JOBSET_NAME_LABEL
 from stacks import render
 from tools.control_plane.build import ROOT
 from tools.control_plane.kube import Api

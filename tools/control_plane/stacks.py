@@ -13,6 +13,7 @@ import graphlib
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from stacks import render
+from stacks.declared import kubernetes_objects
 from tools.control_plane.build import ROOT
 from tools.control_plane.kube import Api
 
@@ -43,7 +44,7 @@ def in_dependency_order(rendered: render.Rendered) -> list[dict]:
         needs = {name for name in resource.depends_on | {resource.parent} if name in by_name}
         graph.add(resource.name, *needs)
     ordered = [by_name[name] for name in graph.static_order()]
-    return [render.kubernetes_object(resource) for resource in ordered if resource.is_kubernetes_object]
+    return kubernetes_objects(ordered)
 
 
 def served(api: Api, objects: list[dict]) -> tuple[list[dict], set[str]]:

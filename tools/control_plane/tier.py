@@ -10,8 +10,9 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
+from engines.trainjob import KUEUE_NAMESPACE, TRAINER_NAMESPACE
 from infra.keda import NAMESPACE as KEDA_NAMESPACE
-from infra.platform import KSERVE_NAMESPACE, KUEUE_NAMESPACE, TRAINER_NAMESPACE
+from infra.platform import KSERVE_NAMESPACE
 from pipeline.argo import ARGO_CONTROLLER_ACCOUNT, ARGO_NAMESPACE
 from stacks import render
 from testdata import fixtures

@@ -27,8 +27,9 @@ from typing import Callable
 
 import yaml
 
+from engines.trainjob import KUEUE_NAMESPACE, TRAINER_NAMESPACE
 from infra.keda import NAMESPACE as KEDA_NAMESPACE
-from infra.platform import KSERVE_NAMESPACE, KUEUE_NAMESPACE, TRAINER_NAMESPACE
+from infra.platform import KSERVE_NAMESPACE
 from pipeline.argo import ARGO_NAMESPACE
 from tools.control_plane.build import Built
 from tools.control_plane.pki import Pki
@@ -267,7 +268,7 @@ def trainer(ctx: Context) -> Install:
 
 
 def kueue(ctx: Context) -> Install:
-    """Kueue's chart with the Configuration our stack renders (infra.platform.kueue_manager_config),
+    """Kueue's chart with the Configuration our stack renders (engines.trainjob.kueue_manager_config),
     the manager's process settings over it."""
     chart = helm_template(
         ctx.programs("helm"),

@@ -1,6 +1,6 @@
 """The names of the server's Prometheus metrics that others read back, with the standard library
 alone: the canary decision (serving.canary) from /metrics, and the autoscaler's queries
-(cluster_steps.names), which the Pulumi program renders without prometheus_client."""
+(common.cluster_names), which the Pulumi program renders without prometheus_client."""
 
 from __future__ import annotations
 

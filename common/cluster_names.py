@@ -1,39 +1,41 @@
-"""The names the stacks, the Argo workflow and the cluster steps (cluster_steps.release, .train) share: the
-APIs they call, the objects' names and the flags between them. Standard library only, so that the Pulumi
-program and the policy pack, each in its own environment, use them without the serving image's
-packages.
+"""The names the cluster path shares across its layers: the stacks, the Argo workflow, the training
+engines (engines/) and the cluster steps (cluster_steps.release, .train) — the APIs they call, the
+objects' names, the paths and the flags between them. Standard library only (and the server's metric
+names, common.metric_names), so that the Pulumi program, the policy pack and the serving image, each in
+its own environment, use them. Each training engine's own names are its module's (engines/).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
-from serving.metric_names import IN_FLIGHT_METRIC, REQUESTS_METRIC
+from common.metric_names import IN_FLIGHT_METRIC, REQUESTS_METRIC
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomResource:
+    """A kind of the API, as the kubernetes client's custom-object calls name it."""
+    kind: str
+    group: str
+    version: str
+    plural: str
+
+    def what(self, namespace: str, name: str) -> str:
+        """How an error names one object: `TFJob dist-ml/train-cnn`."""
+        return f"{self.kind} {namespace}/{name}"
+
 
 ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
-TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = "kubeflow.org", "v1", "tfjobs"
-TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
-WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
-# The engines that train a variant on a cluster (pipeline.engine): Kubeflow Trainer v2's TrainJob, or
-# the training operator v1's TFJob.
-TRAINJOB_ENGINE, TFJOB_ENGINE = "trainjob", "tfjob"
-# How each engine's pods are found: the training operator labels a TFJob's pods with the job's name;
-# JobSet labels its pods with the JobSet's, which Trainer v2 names after the TrainJob.
-TFJOB_NAME_LABEL = "training.kubeflow.org/job-name"
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
-# Kueue: the label that puts a job in a LocalQueue, and the one on the Workload it makes for a job.
-QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
-WORKLOAD_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-TRAINING_QUEUE = "dist-ml-training"  # the LocalQueue of the pipeline's namespace (never `default`)
+INFERENCE_SERVICE = CustomResource("InferenceService", ISVC_GROUP, ISVC_VERSION, ISVC_PLURAL)
+HTTP_ROUTE = CustomResource("HTTPRoute", ROUTE_GROUP, ROUTE_VERSION, ROUTE_PLURAL)
+# Where every pod mounts the storage volume, on every cluster: the steps' paths are under it.
+CLUSTER_STORAGE_ROOT = "/mnt/dist-ml"
 WORKFLOW_TEMPLATE_NAME = "dist-ml-pipeline"
 # A submitted Workflow's name: the template's, `-` and the 5 characters generateName adds.
 GENERATED_NAME_SUFFIX = 6
 DNS_LABEL_LENGTH = 63
-# Kubernetes ends a Job's pod names with 5 random characters; JobSet's webhook counts them in
-# (jobset v0.12.0 pkg/webhooks/jobset_webhook.go: `<jobset>-<job>-<jobIndex>-<podIndex>-abcde`).
-POD_NAME_SUFFIX = "-abcde"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels the predictor's pods with it
 # The label of a predictor pod's series in Prometheus: the stacks' PodMonitor copies ISVC_LABEL onto
 # them (podTargetLabels) under the name Prometheus Operator gives it (v0.87.1 pkg/prometheus/promcfg.go
@@ -73,25 +75,6 @@ API_CALLS = (
     ("", "pods", "list"),
     ("", "pods/proxy", "get"),  # each predictor pod's /metrics
 )
-# Every API call a train step makes (cluster_steps.train), per engine: its job, the job's pods' states,
-# and for a TrainJob the Workload Kueue keeps for it (why it waits) and the warning events that say a
-# controller could not create its objects.
-TRAIN_STEP_CALLS = {
-    TFJOB_ENGINE: (
-        (TFJOB_GROUP, TFJOB_PLURAL, "get"), (TFJOB_GROUP, TFJOB_PLURAL, "create"),
-        (TFJOB_GROUP, TFJOB_PLURAL, "delete"),
-        ("", "pods", "list"),
-    ),
-    TRAINJOB_ENGINE: (
-        (TRAINJOB_GROUP, TRAINJOB_PLURAL, "get"), (TRAINJOB_GROUP, TRAINJOB_PLURAL, "create"),
-        (TRAINJOB_GROUP, TRAINJOB_PLURAL, "delete"),
-        ("", "pods", "list"),
-        (WORKLOAD_GROUP, WORKLOAD_PLURAL, "list"),
-        ("", "events", "list"),  # the controllers' refusals
-    ),
-}
-
-
 def canary_name(model_name: str) -> str:
     return f"{model_name}{CANARY_SUFFIX}"
 
@@ -102,20 +85,14 @@ def route_name(model_name: str) -> str:
 
 def predictor_deployment_name(isvc_name: str) -> str:
     return f"{isvc_name}-predictor"  # KServe's name for its Deployment and Service in Standard mode
+
+
 TRAIN_PREFIX = "train-"
 
 
 def train_step_name(variant: str) -> str:
     """`train-cnn-dropout`: step, template and job names must be DNS labels (no underscores)."""
     return TRAIN_PREFIX + variant.replace("_", "-")
-
-
-def trainjob_name_limit(replicated_jobs: dict[str, int]) -> int:
-    """The longest TrainJob name JobSet's webhook accepts, given each replicated job's pod
-    count: Trainer v2 names the JobSet after the TrainJob, and every pod `<name>-<job>-0-<index>`
-    with Kubernetes' suffix must stay a DNS label (one Job per replicated job: index 0)."""
-    return min(DNS_LABEL_LENGTH - len(f"-{job}-0-{pods - 1}{POD_NAME_SUFFIX}")
-               for job, pods in replicated_jobs.items())
 
 
 def isvc_matcher(isvc_name: str) -> str:
