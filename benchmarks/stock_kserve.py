@@ -23,7 +23,7 @@ import tensorflow as tf
 from kserve import Model, ModelServer
 from PIL import Image
 
-from serving.bound_ports import reporting_bound_ports
+from serving.kserve_overrides import reporting_bound_ports
 from serving.port_file import PORT_FILE_FLAG, PORT_FILE_HELP, announcing
 from trainer.fashion_mnist import IMAGE_SIZE
 from trainer.serving_contract import PIXELS_SIGNATURE

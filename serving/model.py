@@ -18,14 +18,12 @@ from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
-from kserve import Model
 from kserve.errors import InvalidInput
-from kserve.metrics import PREDICT_HIST_TIME, get_labels
-from kserve.model import InferenceVerb
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from serving.batching import DynamicBatcher
 from serving.inputs import Batch, decoded, parse_v1, parse_v2, request_protocol
+from serving.kserve_overrides import DirectPredict
 from serving.metrics import BATCH_SIZE, MODEL_VERSION, QUEUE_FULL, note_answered_by
 from serving.request_log import RequestLogger
 from serving.versions import VersionSet, load_state, wanted_state
@@ -99,7 +97,7 @@ class Prediction:
     outputs: dict[str, np.ndarray]
 
 
-class FashionMnistModel(Model):
+class FashionMnistModel(DirectPredict):
     def __init__(self, name: str, base_path: Path, max_batch_size: int = 32,
                  max_wait_seconds: float = 0.0, poll_seconds: float = 2.0,
                  request_logger: RequestLogger | None = None, log_payloads: bool = False,
@@ -113,23 +111,6 @@ class FashionMnistModel(Model):
                                       observe_batch=BATCH_SIZE.observe, max_queued=max_queued_images,
                                       on_queue_full=QUEUE_FULL.inc)
         self._stop = threading.Event()
-        self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
-
-    async def __call__(self, body: dict | InferRequest, headers: dict[str, str] | None = None,
-                       verb: InferenceVerb = InferenceVerb.PREDICT) -> tuple[dict | InferResponse, dict]:
-        """KServe's Model.__call__ for a model without preprocess or postprocess steps: `predict`,
-        timed in KServe's request_predict_seconds as there, without the generic path's three
-        histograms' label lookups, coroutine checks and clock reads per request, a share of the
-        server's CPU under load (docs/results/serving-benchmark.md). Other verbs go the generic way."""
-        if verb != InferenceVerb.PREDICT:
-            return await super().__call__(body, headers, verb)
-        response_headers: dict[str, str] = {}
-        started = time.perf_counter()
-        try:
-            response = await self.predict(body, headers, response_headers)
-        finally:  # failures too, as KServe's timer
-            self._predict_seconds.observe(time.perf_counter() - started)
-        return response, response_headers
 
     # --- versions -------------------------------------------------------------------------------
 

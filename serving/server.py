@@ -20,48 +20,44 @@ and, with --port-file, written to FILE once the server listens (serving.port_fil
 from __future__ import annotations
 
 import argparse
-import asyncio
-import email.message
-import json
 import logging
 import re
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import pydantic
-import uvloop
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, ORJSONResponse
+from fastapi.responses import JSONResponse
 from kserve import ModelServer
-from kserve.constants.constants import PredictorProtocol
-from kserve.errors import ModelNotReady
 from kserve.model_server import app
-from kserve.protocol.dataplane import DataPlane
-from kserve.protocol.rest.v2_datamodels import InferenceRequest, InferenceResponse
 from starlette.requests import Request
-from starlette.responses import Response
-from timing_asgi import TimingMiddleware
 
 from common import cli
 from serving.batching import QueueFull
-from serving.bound_ports import reporting_bound_ports
-from serving.dataplane import with_strict_dataplane
+from serving.kserve_overrides import (
+    HTTP_REFUSALS,
+    InferenceRoute,
+    at_build,
+    http_refusal_status,
+    is_json,
+    protocol_of,
+    reporting_bound_ports,
+    with_one_line_grpc_refusals,
+    with_strict_dataplane,
+    with_uvloop,
+    without_kserve_timing,
+)
 from serving.metrics import ANSWERED_BY, ERRORS, IN_FLIGHT, VERSION_LABEL, error_kind, observe_request
 from serving.model import DEFAULT_MAX_QUEUED_IMAGES, VERSION_HEADER, FashionMnistModel
 from serving.port_file import PORT_FILE_FLAG, PORT_FILE_HELP, announcing
-from serving.refusals import HTTP_REFUSALS, http_refusal_status, log_refusal, with_one_line_grpc_refusals
+from serving.refusals import log_refusal
 from serving.request_log import GRPC_ONLY, RequestLogger, cloudevents_sink, file_sink
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # What a 503 for a full queue tells clients to wait: the queue drains in under a second.
 RETRY_AFTER_SECONDS = 1
 VERSION_HEADER_BYTES = VERSION_HEADER.encode()  # ASGI header names are lower-case bytes
-# KServe's inference routes, by their own path patterns ({model_name} matches [^/]+ in Starlette):
-# measured by LimitAndMeasure; answered by InferenceRoute unless the path names a model version.
-INFERENCE_PATHS = {"v1": re.compile(r"^/v1/models/(?P<model>[^/]+):predict$"),
-                   "v2": re.compile(r"^/v2/models/(?P<model>[^/]+)(?P<version>/versions/[^/]+)?/infer$")}
 # The protocol and model of a refused request's log line, from any of KServe's paths (/v1/models/m:predict,
 # /v2/models/m/infer, /v2/models/m/ready, /v2/health/live, ...); "http" for a path of neither protocol.
 NAMED_PATH = re.compile(r"^/(?P<protocol>v[12])/(?:models/(?P<model>[^/:]+))?")
@@ -69,10 +65,6 @@ OTHER_PATH_PROTOCOL = "http"
 # Set in a request's ASGI scope when it was refused for a full queue: counted once, in
 # dist_ml_queue_full_total, not also as a "not ready" error.
 QUEUE_FULL_SCOPE_KEY = "dist_ml.queue_full"
-
-
-def protocol_of(path: str) -> str | None:
-    return next((name for name, pattern in INFERENCE_PATHS.items() if pattern.match(path)), None)
 
 
 class LimitAndMeasure:
@@ -140,134 +132,6 @@ class LimitAndMeasure:
         return replayed, size
 
 
-class InferenceRoute:
-    """KServe's v1 `:predict` and v2 `/infer` routes without FastAPI's routing and dependency
-    solving (a large share of the server's Python per request: docs/results/serving-benchmark.md):
-    the same calls of KServe's data plane as its V1Endpoints.predict and V2Endpoints.infer, and every
-    error answered by the application's own exception handlers (KServe's and ours), so statuses and
-    bodies are unchanged. A v2 body is parsed as FastAPI parses the route's `Union[InferenceRequest, bytes]`:
-    JSON content types into an InferenceRequest, any other into bytes for the data plane (the binary
-    tensor extension). Anything else (other paths and methods, model versions in the path, v2 bodies
-    without a content type) goes on to the application. Sits inside LimitAndMeasure (body limit,
-    metrics).
-    """
-
-    def __init__(self, app: Callable, dataplane: DataPlane, handlers: FastAPI):
-        self.app, self.dataplane, self.handlers = app, dataplane, handlers
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        route = lean_route(scope)
-        if route is None:
-            return await self.app(scope, receive, send)
-        protocol, model_name = route
-        body = await read_body(receive)
-        if body is None:  # the client went away before sending its body: no one to answer
-            return
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-        try:
-            infer = self._predict_v1 if protocol == "v1" else self._infer_v2
-            response = await infer(model_name, body, headers)
-        except Exception as error:
-            response = await self._error_response(scope, error)
-        await response(scope, receive, send)
-
-    async def _ready_model(self, model_name: str) -> None:
-        if not await self.dataplane.model_ready(model_name, True):  # as KServe's routes: no
-            raise ModelNotReady(model_name)                         # predictor health check
-
-    async def _predict_v1(self, model_name: str, body: bytes, headers: dict[str, str]) -> Response:
-        """kserve.protocol.rest.v1_endpoints.V1Endpoints.predict, for one model's response."""
-        await self._ready_model(model_name)
-        request, attributes = self.dataplane.decode(body=body, headers=headers)
-        response, response_headers = await self.dataplane.infer(model_name=model_name, request=request,
-                                                               headers=headers)
-        response, encoded_headers = self.dataplane.encode(model_name=model_name, response=response,
-                                                          headers=headers, req_attributes=attributes)
-        response_headers.update(encoded_headers)
-        response_headers.pop("content-length", None)
-        if isinstance(response, (bytes, str)):
-            return Response(content=response, headers=response_headers)
-        return ORJSONResponse(content=response, headers=response_headers)
-
-    async def _infer_v2(self, model_name: str, body: bytes, headers: dict[str, str]) -> Response:
-        """kserve.protocol.rest.v2_endpoints.V2Endpoints.infer with FastAPI's parsing of its body."""
-        await self._ready_model(model_name)
-        request, _ = self.dataplane.decode(v2_body(body, headers["content-type"]), headers,
-                                           protocol_version=PredictorProtocol.REST_V2.value,
-                                           model_name=model_name)
-        response, response_headers = await self.dataplane.infer(model_name=model_name, request=request,
-                                                               headers=headers)
-        response, encoded_headers = self.dataplane.encode(model_name=model_name, response=response,
-                                                          headers=headers, req_attributes={})
-        response_headers.update(encoded_headers)
-        for name in ("content-length", "content-type"):
-            response_headers.pop(name, None)
-        if isinstance(response, bytes):  # binary outputs, as KServe's route sends them
-            return Response(content=response, headers=response_headers)
-        return Response(InferenceResponse.model_validate(response).model_dump_json(),
-                        media_type="application/json", headers=response_headers)
-
-    async def _error_response(self, scope: dict, error: Exception) -> Response:
-        """The response of the application's handler for `error`'s class or its nearest base."""
-        handler = next(self.handlers.exception_handlers[cls] for cls in type(error).__mro__
-                       if cls in self.handlers.exception_handlers)
-        return await handler(Request(scope), error)
-
-
-def lean_route(scope: dict) -> tuple[str, str] | None:
-    """(protocol, model name) of a request InferenceRoute answers, else None."""
-    if scope["type"] != "http" or scope["method"] != "POST":
-        return None
-    for protocol, pattern in INFERENCE_PATHS.items():
-        if match := pattern.match(scope["path"]):
-            if match.groupdict().get("version"):
-                return None  # KServe's own route for a model version (501: not supported)
-            if protocol == "v2" and b"content-type" not in dict(scope["headers"]):
-                return None  # FastAPI's reading of such a body depends on its strictness setting
-            return protocol, match["model"]
-    return None
-
-
-def is_json(content_type: str) -> bool:
-    """FastAPI's own test of a JSON body: application/json or application/*+json."""
-    message = email.message.Message()
-    message["content-type"] = content_type
-    subtype = message.get_content_subtype()
-    return message.get_content_maintype() == "application" and (subtype == "json"
-                                                                or subtype.endswith("+json"))
-
-
-async def read_body(receive: Callable) -> bytes | None:
-    """The whole request body; None if the client disconnected first."""
-    chunks, more = [], True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(chunks)
-
-
-def v2_body(body: bytes, content_type: str) -> InferenceRequest | bytes:
-    """FastAPI's parsing of a body into the v2 route's `Union[InferenceRequest, bytes]`, and its
-    errors (a RequestValidationError, a 422): a JSON body into an InferenceRequest, any other as is."""
-    if not body:
-        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required",
-                                       "input": None}])
-    if not is_json(content_type):
-        return body
-    try:
-        return InferenceRequest.model_validate(json.loads(body))
-    except json.JSONDecodeError as error:
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", error.pos),
-                                       "msg": "JSON decode error", "input": {},
-                                       "ctx": {"error": error.msg}}]) from None
-    except pydantic.ValidationError as error:
-        raise RequestValidationError([{**problem, "loc": ("body", *problem["loc"])}
-                                      for problem in error.errors()]) from None
-
-
 def request_names(scope: dict) -> tuple[str, str]:
     """(protocol, model) of an HTTP request for its log line: v1, v2, v2-binary (a v2 body that is not
     JSON: the binary tensor extension), or OTHER_PATH_PROTOCOL; the model its path names, or ""."""
@@ -305,21 +169,9 @@ async def invalid_request_handler(request: Request, error: RequestValidationErro
 
 
 async def refusal_handler(request: Request, error: Exception) -> JSONResponse:
-    """KServe's answer to one of its errors that is a refusal (serving.refusals.HTTP_REFUSALS), logged as
-    one line where KServe's handler logs an ERROR with the traceback."""
+    """KServe's answer to one of its errors that is a refusal (serving.kserve_overrides.HTTP_REFUSALS),
+    logged as one line where KServe's handler logs an ERROR with the traceback."""
     return refused(request.scope, http_refusal_status(error), str(error))
-
-
-def at_build(app: FastAPI, step: Callable[[FastAPI], None]) -> None:
-    """Runs `step(app)` when Starlette builds `app`'s middleware stack, on its first call: after
-    ModelServer.start has added KServe's middleware and exception handlers, which `step` may change."""
-    build = app.build_middleware_stack
-
-    def build_after_step():
-        step(app)
-        return build()
-
-    app.build_middleware_stack = build_after_step
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -334,21 +186,6 @@ def add_error_handlers(app: FastAPI) -> None:
     as one line each; KServe's handlers for faults (500) are kept: ERROR with the traceback. Installed
     at the build, since KServe's, added later, would replace ours for the same classes."""
     at_build(app, install_error_handlers)
-
-
-def drop_kserve_timing(app: FastAPI) -> None:
-    app.user_middleware = [m for m in app.user_middleware if m.cls is not TimingMiddleware]
-
-
-def without_kserve_timing(app: FastAPI) -> None:
-    """Leaves KServe's TimingMiddleware out of `app` when Starlette builds its middleware stack.
-
-    KServe installs it whatever `enable_latency_logging` says; its two getrusage calls per request
-    cost a share of the server's CPU under load (docs/results/serving-benchmark.md), and
-    dist_ml_request_seconds measures the same latency.
-    KServe adds it inside ModelServer.start, so it is filtered out at the build, on the first call.
-    """
-    at_build(app, drop_kserve_timing)
 
 
 def without_access_log() -> None:
@@ -427,12 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with_one_line_grpc_refusals()
     if not args.access_log:
         without_access_log()
-    # KServe's --event_loop "auto" means uvloop, but with one worker ModelServer.start runs
-    # asyncio.run on the default policy's loop (kserve 0.20.0 model_server.py): uvloop is installed
-    # here, and a current loop set for ModelServer.setup_event_loop's get_event_loop (which uvloop's
-    # policy, unlike asyncio's, does not create).
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    with_uvloop()
     server.start([model])
 
 

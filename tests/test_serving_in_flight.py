@@ -13,7 +13,7 @@ from kserve.protocol.infer_type import InferRequest
 from prometheus_client import REGISTRY
 
 from common.metric_names import IN_FLIGHT_METRIC
-from serving.dataplane import StrictDataPlane
+from serving.kserve_overrides import StrictDataPlane
 from serving.server import LimitAndMeasure
 
 MODEL = "fmnist"

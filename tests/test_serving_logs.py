@@ -27,8 +27,9 @@ from test_serving_protocols import grpc_model_server
 
 from serving import client
 from serving.grpc_messages import MODEL_INFER, model_infer, pb
-from serving.refusals import MAX_REASON_CHARS, OneLineRefusals, log_refusal
-from serving.server import InferenceRoute, add_error_handlers
+from serving.kserve_overrides import InferenceRoute, OneLineRefusals
+from serving.refusals import MAX_REASON_CHARS, log_refusal
+from serving.server import add_error_handlers
 
 pytestmark = pytest.mark.slow  # starts a model server
 

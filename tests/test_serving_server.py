@@ -28,9 +28,10 @@ from serving import client, loadtest
 from serving import logger as logger_module
 from serving import server as server_module
 from serving.client import inference_request
+from serving.kserve_overrides import without_kserve_timing
 from serving.port_file import read_port_file
 from serving.process import listening, model_server, port_file_beside, running_server
-from serving.server import LimitAndMeasure, without_kserve_timing
+from serving.server import LimitAndMeasure
 from trainer import fashion_mnist, model_repository
 
 pytestmark = pytest.mark.slow  # starts model servers
