@@ -126,7 +126,7 @@ class KubernetesApi:
 
 
 class ReleaseApi(KubernetesApi):
-    """cluster_steps.release's Cluster: InferenceServices, the route, the predictor's Deployment,
+    """cluster_steps.release's RolloutApi: InferenceServices, the route, the predictor's Deployment,
     pods and their /metrics."""
 
     def get_inference_service(self, namespace: str, name: str) -> dict | None:

@@ -82,7 +82,7 @@ WRITE_ATTEMPTS = 5
 EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
 
 
-class RolloutError(ClusterStepError):
+class RolloutFailed(ClusterStepError):
     """The version did not roll out, or a rollout step cannot go on; the message says why."""
 
 
@@ -143,12 +143,12 @@ def names_uri(node: Any, uri: str) -> bool:
 
 
 def observe(deployment: dict | None, pods: Sequence[dict], uri: str) -> Observation:
-    """Where the rollout to `uri` stands; raises RolloutError when it cannot finish by itself."""
+    """Where the rollout to `uri` stands; raises RolloutFailed when it cannot finish by itself."""
     for pod in pods:
         if names_uri(pod, uri):
             failure = pod_failure(pod)
             if failure:
-                raise RolloutError(failure)
+                raise RolloutFailed(failure)
     if deployment is None:
         return Observation(False, "the predictor's Deployment does not exist yet")
     metadata, spec, status = deployment["metadata"], deployment["spec"], deployment.get("status") or {}
@@ -159,7 +159,7 @@ def observe(deployment: dict | None, pods: Sequence[dict], uri: str) -> Observat
     for condition in status.get("conditions") or []:
         if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
             message = condition.get("message", "progress deadline exceeded")
-            raise RolloutError(f"Deployment {metadata['name']}: {message}")
+            raise RolloutFailed(f"Deployment {metadata['name']}: {message}")
     wanted = spec.get("replicas", 1)
     updated, total = status.get("updatedReplicas", 0), status.get("replicas", 0)
     available = status.get("availableReplicas", 0)
@@ -194,21 +194,21 @@ def write(namespace: str, manifest: dict, get: Callable[[str, str], dict | None]
             return
         except (Conflict, NotFound):  # changed or deleted by another writer since the read
             continue
-    raise RolloutError(f"{kind} {namespace}/{name}: not written in {WRITE_ATTEMPTS} attempts: "
+    raise RolloutFailed(f"{kind} {namespace}/{name}: not written in {WRITE_ATTEMPTS} attempts: "
                        "another writer changed it between each read and write")
 
 
 def wait_for(cluster: RolloutApi, namespace: str, name: str, uri: str, timeout_seconds: float,
              timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
     """Waits until the InferenceService `name` serves `uri` on every replica; returns the final state
-    or raises RolloutError."""
+    or raises RolloutFailed."""
     deadline, last = timing.clock() + timeout_seconds, None
     while True:
         deployment = cluster.get_deployment(namespace, predictor_deployment_name(name))
         if deployment is None and cluster.get_inference_service(namespace, name) is None:
             # Someone deleted it after the step wrote it: it will never roll out, and creating it again
             # would overrule them.
-            raise RolloutError(f"InferenceService {namespace}/{name} was deleted while it rolled out")
+            raise RolloutFailed(f"InferenceService {namespace}/{name} was deleted while it rolled out")
         pods = cluster.list_pods(namespace, f"{ISVC_LABEL}={name}")
         state = observe(deployment, pods, uri)
         if state.done:
@@ -217,13 +217,13 @@ def wait_for(cluster: RolloutApi, namespace: str, name: str, uri: str, timeout_s
             say(f"rollout: waiting: {state.reason}")
             last = state.reason
         if timing.clock() >= deadline:
-            raise RolloutError(f"{name}: not rolled out after {timeout_seconds:g} s: {state.reason}")
+            raise RolloutFailed(f"{name}: not rolled out after {timeout_seconds:g} s: {state.reason}")
         timing.sleep(timing.poll_seconds)
 
 
 def roll_out(cluster: RolloutApi, namespace: str, manifest: dict, timeout_seconds: float,
              timing: Timing = Timing(), say: Callable[[str], None] = print) -> str:
-    """Applies `manifest` and waits for its version; returns the final state or raises RolloutError."""
+    """Applies `manifest` and waits for its version; returns the final state or raises RolloutFailed."""
     name, uri = manifest["metadata"]["name"], storage_uri(manifest)
     write(namespace, manifest, cluster.get_inference_service, cluster.create_inference_service,
           cluster.replace_inference_service)
@@ -288,11 +288,11 @@ def retire_canary(cluster: RolloutApi, namespace: str, model_name: str, say: Cal
 
 
 def canary_gone(cluster: RolloutApi, namespace: str, model_name: str, reason: str,
-                say: Callable[[str], None]) -> RolloutError:
+                say: Callable[[str], None]) -> RolloutFailed:
     """What a step fails with when the canary InferenceService is gone (someone deleted it): first
     every request goes to the stable version, as a rollback does it, since a backend whose Service is
     gone would fail its share of requests; then the step fails, having judged and promoted nothing."""
-    return RolloutError(f"{reason}; {rollback(cluster, namespace, model_name, say)}")
+    return RolloutFailed(f"{reason}; {rollback(cluster, namespace, model_name, say)}")
 
 
 def promote(cluster: RolloutApi, namespace: str, model_name: str, timeout_seconds: float,
@@ -315,7 +315,7 @@ def rollback(cluster: RolloutApi, namespace: str, model_name: str, say: Callable
     """Every request to the stable version, then the canary deleted; no version leaves storage."""
     stable = cluster.get_inference_service(namespace, model_name)
     if stable is None:
-        raise RolloutError(f"no stable InferenceService {namespace}/{model_name} to roll back to")
+        raise RolloutFailed(f"no stable InferenceService {namespace}/{model_name} to roll back to")
     route_to(cluster, namespace, model_name, 0, stable["metadata"].get("labels", {}))
     retire_canary(cluster, namespace, model_name, say)
     return f"rolled back: version {model_version(stable)} serves every request"
@@ -386,7 +386,7 @@ def analyse(cluster: RolloutApi, namespace: str, model_name: str, policy: canary
         return None
     stable = cluster.get_inference_service(namespace, model_name)
     if stable is None:
-        raise RolloutError(f"a canary but no stable InferenceService {namespace}/{model_name}")
+        raise RolloutFailed(f"a canary but no stable InferenceService {namespace}/{model_name}")
     started, stable_start = timing.clock(), scrape(cluster, namespace, stable)
     say(f"rollout: judging version {model_version(current)} against {model_version(stable)}: "
         f"until {policy.min_requests} canary requests or {max_wait_seconds:g} s")

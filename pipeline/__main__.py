@@ -30,10 +30,10 @@ from common.cluster_target import DEFAULT_ARGO_VERSION, DEFAULT_PROMETHEUS_URL, 
 from pipeline import argo, local_canary
 from pipeline.config import ConfigError, load_config
 from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
-from pipeline.local_canary import Forced, RolloutError
+from pipeline.local_canary import Forced, RolloutRefused
 from serving.client import ServerError
 from serving.process import ServerFailed
-from trainer.model_repository import RolloutError as RolloutStateError
+from trainer.model_repository import RolloutStateError
 
 # Flag -> config key: the flags are spelled like the trainer's, the keys like the stack config's.
 OVERRIDES = {
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             print(local_canary.by_hand(local_canary.model_base(config), args.command == "promote",
                                         getattr(args, "to_version", None)))
-        except (RolloutError, RolloutStateError) as error:
+        except (RolloutRefused, RolloutStateError) as error:
             raise cli.UsageError(f"{args.command}: {error}") from None
         return
     install_stop_handlers()

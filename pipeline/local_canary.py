@@ -40,7 +40,7 @@ TRAFFIC_IMAGES = 200  # distinct test images the traffic cycles through
 METRICS_TIMEOUT_SECONDS = 10
 
 
-class RolloutError(RuntimeError):
+class RolloutRefused(RuntimeError):
     """Nothing to promote or roll back, or a version that is not there; says which."""
 
 
@@ -193,7 +193,7 @@ def by_hand(base: Path, promote: bool, to_version: int | None = None) -> str:
     committed = model_repository.committed_versions(base)
     if state is not None and state.canary is not None:
         if to_version is not None:
-            raise RolloutError(f"version {state.canary} is a canary: settle it first (promote or "
+            raise RolloutRefused(f"version {state.canary} is a canary: settle it first (promote or "
                                f"rollback without --to-version)")
         settled = settle(base, state, promote)
         verb = "promoted" if promote else "rolled back"
@@ -202,16 +202,16 @@ def by_hand(base: Path, promote: bool, to_version: int | None = None) -> str:
                       "decision": "promote" if promote else "rollback"})
         return line
     if promote:
-        raise RolloutError(f"{base}: no canary to promote")
+        raise RolloutRefused(f"{base}: no canary to promote")
     stable = state.stable if state is not None else (committed[-1] if committed else None)
     if stable is None:
-        raise RolloutError(f"{base}: no version is published")
+        raise RolloutRefused(f"{base}: no version is published")
     target = to_version if to_version is not None else max((v for v in committed if v < stable),
                                                            default=None)
     if target is None:
-        raise RolloutError(f"no version before {stable} to roll back to")
+        raise RolloutRefused(f"no version before {stable} to roll back to")
     if target not in committed:
-        raise RolloutError(f"version {target} is not a committed version under {base} "
+        raise RolloutRefused(f"version {target} is not a committed version under {base} "
                            f"({', '.join(map(str, committed))})")
     model_repository.write_rollout(base, RolloutState(target))
     record(base, {"by": "hand", "stable": stable, "canary": None, "decision": "rollback",

@@ -19,7 +19,7 @@ from pipeline.config import parse_config
 from pipeline.local_canary import (
     HISTORY_FILE,
     Forced,
-    RolloutError,
+    RolloutRefused,
     by_hand,
     model_base,
     run_canary,
@@ -209,7 +209,7 @@ def test_a_broken_rollout_state_is_a_one_line_error(repo_root):
     (model_base(rollout_config(repo_root)) / "rollout.json").write_text("{")
     result = run_module("pipeline", "promote", "--storage-root", repo_root)
     assert result.returncode == 2 and "rollout.json: not a rollout state" in last_line(result.stderr)
-    with pytest.raises(RolloutError):
+    with pytest.raises(RolloutRefused):
         by_hand(repo_root / "models" / "other", promote=True)
 
 

@@ -135,7 +135,7 @@ def test_a_first_rollout_creates_the_inference_service():
 def test_a_stale_ready_status_of_the_previous_version_is_not_success():
     """The trap of KServe's status in Standard mode: everything looks ready, for the old version."""
     cluster = FakeCluster([(deployment(OLD_URI), [pod(OLD_URI)])])
-    with pytest.raises(rollout.RolloutError, match="fmnist: not rolled out after 60 s: KServe has not yet"):
+    with pytest.raises(rollout.RolloutFailed, match="fmnist: not rolled out after 60 s: KServe has not yet"):
         roll(cluster)
 
 
@@ -145,7 +145,7 @@ def test_a_stale_ready_status_of_the_previous_version_is_not_success():
 def test_a_pod_of_the_new_version_that_cannot_start_fails_the_rollout_with_its_reason(waiting, container):
     cluster = FakeCluster([(deployment(NEW_URI, updated=1, total=3, available=2),
                             [pod(OLD_URI), pod(NEW_URI, waiting, container, "no such object: models/3")])])
-    with pytest.raises(rollout.RolloutError) as error:
+    with pytest.raises(rollout.RolloutFailed) as error:
         roll(cluster)
     assert str(error.value) == (f"pod fmnist-predictor-3-abc: container {container}: {waiting}: "
                                 "no such object: models/3")
@@ -161,7 +161,7 @@ def test_a_deployment_past_its_progress_deadline_fails():
     stuck = deployment(NEW_URI, updated=1, total=3, conditions=[
         {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
          "message": 'ReplicaSet "fmnist-predictor-7d9" has timed out progressing.'}])
-    with pytest.raises(rollout.RolloutError, match='has timed out progressing'):
+    with pytest.raises(rollout.RolloutFailed, match='has timed out progressing'):
         roll(FakeCluster([(stuck, [pod(NEW_URI)])]))
 
 
@@ -172,7 +172,7 @@ def test_a_version_whose_uri_is_a_prefix_of_another_is_not_mistaken_for_it():
 
 def test_the_timeout_bounds_the_wait_and_names_the_last_state():
     cluster = FakeCluster([(deployment(NEW_URI, available=0), [pod(NEW_URI)])])
-    with pytest.raises(rollout.RolloutError) as error:
+    with pytest.raises(rollout.RolloutFailed) as error:
         roll(cluster, timeout=30)
     assert str(error.value) == "fmnist: not rolled out after 30 s: 0 of 2 new replicas are available"
 
@@ -547,7 +547,7 @@ def test_promote_and_rollback_by_hand():
     cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
     run(cluster, "rollback", "--namespace", NAMESPACE, "--model-name", "fmnist")
     assert cluster.log == ["route fmnist-predictor=100", "delete isvc fmnist-canary"]
-    with pytest.raises(rollout.RolloutError, match="no canary InferenceService dist-ml/fmnist-canary"):
+    with pytest.raises(rollout.RolloutFailed, match="no canary InferenceService dist-ml/fmnist-canary"):
         run(cluster, "promote", "--namespace", NAMESPACE, "--model-name", "fmnist")
 
 
@@ -566,7 +566,7 @@ def test_a_retried_first_rollout_is_waited_for_and_routed_to_only_once_it_serves
     cluster = FakeKServe()
     cluster.stuck[uri_of("1")] = waiting
     for _attempt in range(2):
-        with pytest.raises(rollout.RolloutError) as error:
+        with pytest.raises(rollout.RolloutFailed) as error:
             run(cluster, *deploy_args("1"), "--timeout-seconds", "60")
         assert str(error.value).startswith(failure)
         assert cluster.routes == {}  # no request is sent to a version that does not serve
@@ -581,7 +581,7 @@ def test_a_retried_rollout_with_canary_percent_0_that_broke_the_stable_version_f
     cluster = FakeKServe({"fmnist": manifest("2")}, route_percent=0)
     cluster.stuck[uri_of("3")] = "CrashLoopBackOff"
     for _attempt in range(2):
-        with pytest.raises(rollout.RolloutError, match="container kserve-container: CrashLoopBackOff"):
+        with pytest.raises(rollout.RolloutFailed, match="container kserve-container: CrashLoopBackOff"):
             run(cluster, *deploy_args("3", percent=0))
         assert shape.model_version(cluster.isvcs["fmnist"]) == "3"  # what the first attempt wrote
         assert cluster.weights() == "fmnist-predictor=100"  # the old replicas serve on, as before
@@ -598,7 +598,7 @@ def test_a_canary_that_cannot_start_fails_on_every_retry_with_traffic_left_on_th
     cluster = FakeKServe({"fmnist": manifest("2")}, route_percent=0)
     cluster.stuck[uri_of("3")] = "CrashLoopBackOff"
     for _attempt in range(2):
-        with pytest.raises(rollout.RolloutError, match="pod fmnist-canary-predictor-3-abc: .*: CrashLoop"):
+        with pytest.raises(rollout.RolloutFailed, match="pod fmnist-canary-predictor-3-abc: .*: CrashLoop"):
             run(cluster, *deploy_args("3"))
         assert cluster.weights() == "fmnist-predictor=100"
     del cluster.stuck[uri_of("3")]  # a fixed image: the next retry rolls the canary out and routes it
@@ -659,7 +659,7 @@ def test_a_route_deleted_before_the_step_updates_it_is_created_again():
 def test_an_inference_service_deleted_while_it_rolls_out_fails_at_once():
     cluster = FakeKServe()
     cluster.stuck[uri_of("1")] = None
-    with pytest.raises(rollout.RolloutError) as error:
+    with pytest.raises(rollout.RolloutFailed) as error:
         run(cluster, *deploy_args("1"), meanwhile=lambda: cluster.remove("fmnist"))
     assert str(error.value) == "InferenceService dist-ml/fmnist was deleted while it rolled out"
     assert cluster.routes == {}
@@ -667,7 +667,7 @@ def test_an_inference_service_deleted_while_it_rolls_out_fails_at_once():
 
 def test_a_canary_deleted_while_it_is_judged_is_not_judged_and_loses_its_share(tmp_path):
     cluster = canary_under_way([(0, 0, 0.0), (500, 0, 10.0)], [(40, 0, 0.8), (100, 0, 2.0)])
-    with pytest.raises(rollout.RolloutError) as error:
+    with pytest.raises(rollout.RolloutFailed) as error:
         run(cluster, *decide_args(tmp_path), meanwhile=lambda: cluster.remove("fmnist-canary"))
     assert str(error.value) == ("InferenceService dist-ml/fmnist-canary was deleted while it was judged; "
                                 "rolled back: version 2 serves every request")
@@ -685,7 +685,7 @@ def test_analyse_of_a_canary_deleted_while_it_is_judged_fails_and_changes_nothin
 def test_a_canary_deleted_before_the_rollout_step_loses_its_share_and_the_step_fails(tmp_path):
     cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
     cluster.remove("fmnist-canary")
-    with pytest.raises(rollout.RolloutError, match="fmnist-canary does not exist, yet the route sends it"):
+    with pytest.raises(rollout.RolloutFailed, match="fmnist-canary does not exist, yet the route sends it"):
         run(cluster, *decide_args(tmp_path))
     assert cluster.log == ["route fmnist-predictor=100"]
 
@@ -699,7 +699,7 @@ def test_a_canary_deleted_just_before_promote_reads_it_loses_its_share_and_the_s
         return promote(cluster, *args, **kwargs)
 
     with mock.patch.object(rollout, "promote", promote_once_it_is_gone), \
-            pytest.raises(rollout.RolloutError) as error:
+            pytest.raises(rollout.RolloutFailed) as error:
         run(cluster, *decide_args(tmp_path))
     assert str(error.value) == ("no canary InferenceService dist-ml/fmnist-canary to promote; "
                                 "rolled back: version 2 serves every request")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from serving.versions import VersionSet, load_state, wanted_state
 from trainer import atomic, model_repository
-from trainer.model_repository import RolloutError, RolloutState
+from trainer.model_repository import RolloutState, RolloutStateError
 
 SEED = 14
 
@@ -62,7 +62,7 @@ def test_a_rollout_state_naming_an_uncommitted_version_is_refused(tmp_path):
 ])
 def test_a_broken_rollout_state_is_a_one_line_error_naming_the_file(tmp_path, text, problem):
     (tmp_path / "rollout.json").write_text(text)
-    with pytest.raises(RolloutError, match=r"rollout\.json: not a rollout state") as error:
+    with pytest.raises(RolloutStateError, match=r"rollout\.json: not a rollout state") as error:
         model_repository.read_rollout(tmp_path)
     assert problem in str(error.value) and "\n" not in str(error.value)
 
@@ -112,7 +112,7 @@ def test_any_file_is_a_rollout_state_or_a_rollout_error(tmp_path, text):
     (tmp_path / "rollout.json").write_text(text)
     try:
         state = model_repository.read_rollout(tmp_path)
-    except RolloutError as error:
+    except RolloutStateError as error:
         assert "\n" not in str(error)
         return
     assert state.stable >= 1 and 0 <= state.canary_percent <= 100

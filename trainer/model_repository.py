@@ -131,7 +131,7 @@ def publish(source: Path, repo: Path, model_name: str,
     return version
 
 
-class RolloutError(ValueError):
+class RolloutStateError(ValueError):
     """rollout.json cannot be read as a rollout state; names the file and what is wrong."""
 
 
@@ -144,9 +144,9 @@ class RolloutState:
 
     def __post_init__(self) -> None:
         if not (0 <= self.canary_percent <= 100):
-            raise RolloutError(f"canaryPercent {self.canary_percent} is not within 0-100")
+            raise RolloutStateError(f"canaryPercent {self.canary_percent} is not within 0-100")
         if self.canary is not None and self.canary == self.stable:
-            raise RolloutError(f"the canary is the stable version {self.stable}")
+            raise RolloutStateError(f"the canary is the stable version {self.stable}")
 
     def as_json(self) -> dict:
         return {"stable": self.stable, "canary": self.canary, "canaryPercent": self.canary_percent}
@@ -167,7 +167,7 @@ def read_rollout(base: Path) -> RolloutState | None:
         return RolloutState(_version(record["stable"]), None if canary is None else _version(canary),
                             _whole_number(record.get("canaryPercent", 0), "canaryPercent"))
     except (ValueError, KeyError) as error:
-        raise RolloutError(f"{path}: not a rollout state ({type(error).__name__}: {error})") from None
+        raise RolloutStateError(f"{path}: not a rollout state ({type(error).__name__}: {error})") from None
 
 
 def _whole_number(value: object, name: str) -> int:
