@@ -195,7 +195,7 @@ def write(namespace: str, manifest: dict, get: Callable[[str, str], dict | None]
         except (Conflict, NotFound):  # changed or deleted by another writer since the read
             continue
     raise RolloutFailed(f"{kind} {namespace}/{name}: not written in {WRITE_ATTEMPTS} attempts: "
-                       "another writer changed it between each read and write")
+                        "another writer changed it between each read and write")
 
 
 def wait_for(cluster: RolloutApi, namespace: str, name: str, uri: str, timeout_seconds: float,

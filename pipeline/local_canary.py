@@ -194,7 +194,7 @@ def by_hand(base: Path, promote: bool, to_version: int | None = None) -> str:
     if state is not None and state.canary is not None:
         if to_version is not None:
             raise RolloutRefused(f"version {state.canary} is a canary: settle it first (promote or "
-                               f"rollback without --to-version)")
+                                 f"rollback without --to-version)")
         settled = settle(base, state, promote)
         verb = "promoted" if promote else "rolled back"
         line = (f"{verb} version {state.canary} by hand; version {settled.stable} is served")
@@ -212,7 +212,7 @@ def by_hand(base: Path, promote: bool, to_version: int | None = None) -> str:
         raise RolloutRefused(f"no version before {stable} to roll back to")
     if target not in committed:
         raise RolloutRefused(f"version {target} is not a committed version under {base} "
-                           f"({', '.join(map(str, committed))})")
+                             f"({', '.join(map(str, committed))})")
     model_repository.write_rollout(base, RolloutState(target))
     record(base, {"by": "hand", "stable": stable, "canary": None, "decision": "rollback",
                   "to": target})
