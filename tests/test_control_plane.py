@@ -6,8 +6,15 @@ tier refuses to start outside its own namespace; and under CI=true what it canno
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
+from conftest import REPO_ROOT
 
 from tools.control_plane import __main__ as launcher
 from tools.control_plane import build, components, upstream
@@ -134,3 +141,25 @@ def test_what_the_tier_cannot_have_fails_under_ci_and_is_said_elsewhere(monkeypa
     monkeypatch.setenv("CI", ci)
     assert launcher.unavailable(build.Unavailable("go is not on PATH")) == status
     assert "go is not on PATH" in capsys.readouterr().err
+
+
+def test_a_program_dies_with_the_process_that_started_it(tmp_path):
+    """A tier whose pytest is killed (no teardown) leaves no controller running."""
+    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from tools.control_plane.processes import Program
+        program = Program("sleeper", ["sleep", "60"], Path({str(tmp_path / "sleeper.log")!r})).start()
+        print(program.process.pid, flush=True)
+        time.sleep(60)
+    """)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    sleeper = int(starter.stdout.readline())
+    os.kill(sleeper, 0)  # running
+    starter.kill()
+    starter.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{sleeper}").exists() and \
+            Path(f"/proc/{sleeper}/stat").read_text().split()[2] != "Z":
+        time.sleep(0.05)
+    assert not Path(f"/proc/{sleeper}").exists() or \
+        Path(f"/proc/{sleeper}/stat").read_text().split()[2] == "Z"

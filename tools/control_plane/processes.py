@@ -4,6 +4,7 @@ the tier waits for it is an error quoting the end of its log."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import signal
@@ -18,6 +19,14 @@ from typing import Callable, Mapping, Sequence
 STOP_SECONDS = 3.0  # a test tier keeps nothing: what has not stopped by then is killed
 POLL_SECONDS = 0.2
 LOG_TAIL_LINES = 15
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_the_starter() -> None:
+    """In the child before it runs the program: the kernel kills it when the process that started it
+    dies, SIGKILL included. A tier stopped without its teardown (its pytest killed) leaves nothing
+    running that would hold its ports and directory."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class StartError(RuntimeError):
@@ -42,6 +51,7 @@ class Program:
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **(self.env or {})},
                 start_new_session=True,
+                preexec_fn=die_with_the_starter,
             )
         return self
 
