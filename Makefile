@@ -33,7 +33,8 @@ PIPELINE_RUN = $(PY) -m pipeline run --storage-root $(DEMO_DIR) --workers $(WORK
 	$(if $(filter parameter-server,$(STRATEGY)),--parameter-servers $(PARAMETER_SERVERS)) \
 	$(if $(PARALLELISM),--parallelism $(PARALLELISM)) $(if $(ROLLOUT),--rollout $(ROLLOUT)) $(DATA_FLAGS)
 
-.PHONY: demo serve evaluate test test-fast bench bench-train bench-serve bench-capacity bench-variants lock clean
+.PHONY: demo serve evaluate test test-fast bench bench-train bench-serve bench-capacity bench-variants lock clean \
+	mlflow-ui
 
 # The dev lock, then the project itself, editable: its packages from this checkout, its dependencies
 # from the lock alone (--no-deps; setuptools, which builds it, is in the lock too). Installed by uv
@@ -53,6 +54,14 @@ demo: $(INSTALLED)
 # The same run (memoized after `make demo`), then the server stays up until Ctrl-C.
 serve: $(INSTALLED)
 	$(PIPELINE_RUN) --serve
+
+# MLflow's UI on what `make demo` tracked (its embedded store: SQLite and artifacts under
+# $(DEMO_DIR)/mlflow), or on MLFLOW_TRACKING_URI's database when that is set; loopback only.
+# (A tracking server has its own UI: open MLFLOW_TRACKING_URI itself.)
+MLFLOW_PORT ?= 5000
+mlflow-ui: $(INSTALLED)
+	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port $(MLFLOW_PORT) \
+		--backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///$(abspath $(DEMO_DIR))/mlflow/mlflow.db}
 
 # The version `make demo` published, scored as an outside caller would: the 300 holdout images
 # (datasets/fashion-mnist-holdout, never read by training or selection) as PNG through `image_bytes`.

@@ -70,6 +70,7 @@ from common.cluster_names import (
     route_name,
 )
 from serving import canary
+from trainer import tracking
 
 DEFAULT_TIMEOUT_SECONDS = 900.0  # an image pull, the storage initializer's copy and a model load
 DEFAULT_CANARY_PERCENT = 10
@@ -497,10 +498,31 @@ def run_command(cluster: RolloutApi, args: argparse.Namespace, timing: Timing = 
         say(f"rollout: {rollback(cluster, namespace, args.model_name, say)}")
 
 
+def served_versions(cluster: RolloutApi, namespace: str, model_name: str) -> tuple[int | None, int | None]:
+    """The stable version and the canary's, as the InferenceServices stand (None: none, or one that
+    names no version)."""
+    def version_of(name: str) -> int | None:
+        isvc = cluster.get_inference_service(namespace, name)
+        return int(model_version(isvc)) if isvc and model_version(isvc).isdigit() else None
+    return version_of(model_name), version_of(canary_name(model_name))
+
+
+def track_rollout(cluster: RolloutApi, namespace: str, model_name: str, tracked: tracking.Tracking) -> None:
+    """MLflow's aliases moved to what is served now (trainer.tracking), when the step tracks."""
+    if not tracked.on:
+        return
+    stable, canary_version = served_versions(cluster, namespace, model_name)
+    if stable is not None:
+        tracking.follow_rollout(tracked, model_name, stable, canary_version)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    cluster = ReleaseApi()
     try:
-        run_command(ReleaseApi(), args)
+        run_command(cluster, args)
+        model_name = args.manifest["metadata"]["name"] if args.command == "deploy" else args.model_name
+        track_rollout(cluster, args.namespace, model_name, tracking.Tracking.from_environment("rollout"))
     except (ClusterStepError, ShapeError) as error:
         raise SystemExit(f"rollout: {args.command}: {error}") from None
 

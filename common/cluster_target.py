@@ -44,6 +44,7 @@ class Images:
     # The trainer with CUDA (trainer-gpu/Dockerfile), for training pods given GPUs: only stacks whose
     # training pool has GPUs build it.
     trainer_gpu: str | None = None
+    tracking_server: str = f"dist-ml/tracking-server:{IMAGE_TAG}"  # MLflow's server (infra/tracking.py)
 
     def trainer_for(self, gpus: int, pods: str) -> str:
         """The trainer image of `pods` given `gpus` GPUs each: the GPU trainer image when any."""
@@ -101,6 +102,7 @@ class ClusterTarget:
     training_tolerations: tuple[dict, ...] = ()  # e.g. a GPU pool's taint
     training_node_selector: dict = dataclasses.field(default_factory=dict)
     training_gpus: int = 0
+    tracking_uri: str | None = None  # the MLflow tracking server the pipeline's pods record into; None: none
 
     def training_placement(self, spec: dict) -> dict:
         """A pod spec with the training pool's node selector and tolerations, when it has any."""

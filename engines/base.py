@@ -33,6 +33,12 @@ class TrainingSpec:
     resources: dict  # one worker's requests and limits
     retries: int  # restarts of the whole job after a lost pod
     labels: dict
+    env: dict = dataclasses.field(default_factory=dict)  # the training command's, beside the engine's own
+
+
+def env_list(env: dict) -> list[dict]:
+    """A container's `env` of a mapping."""
+    return [{"name": name, "value": value} for name, value in env.items()]
 
 
 @dataclasses.dataclass(frozen=True)

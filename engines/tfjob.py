@@ -14,7 +14,7 @@ from common.cluster_target import (
     storage_mount,
     with_gpus,
 )
-from engines.base import Install, KustomizeInstall, MetricsSource, TrainingEngine, TrainingSpec
+from engines.base import Install, KustomizeInstall, MetricsSource, TrainingEngine, TrainingSpec, env_list
 
 TFJOB = CustomResource("TFJob", "kubeflow.org", "v1", "tfjobs")
 TFJOB_CONTAINER = "tensorflow"  # the training operator requires this name
@@ -46,6 +46,8 @@ def pod_template(spec: TrainingSpec, target: ClusterTarget, labels: dict) -> dic
         "volumeMounts": [storage_mount()],
         "resources": with_gpus(resources, gpus),
     }
+    if spec.env:
+        container["env"] = env_list(spec.env)
     pod = target.training_placement(
         {
             "serviceAccountName": TRAINER_SERVICE_ACCOUNT,

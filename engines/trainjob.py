@@ -34,6 +34,7 @@ from engines.base import (
     TrainingSpec,
     condition,
     described,
+    env_list,
 )
 from trainer import cluster as tf_cluster
 
@@ -289,7 +290,7 @@ def trainjob(spec: TrainingSpec, target: ClusterTarget) -> dict:
             "image": target.images.trainer_for(gpus, f"step {spec.step}"),
             "command": gpus_command(list(spec.command), gpus),
             "numNodes": nodes,
-            "env": [num_nodes_env(nodes)],
+            "env": [num_nodes_env(nodes), *env_list(spec.env)],
             "resourcesPerNode": with_gpus(dict_copy(spec.resources), gpus),
         },
     }

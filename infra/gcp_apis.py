@@ -16,6 +16,10 @@ GCP_APIS: dict[str, str] = {
                               "public address and Cloud Armor allowlist",
     "certificatemanager.googleapis.com": "a public endpoint's Google-managed certificate and its map",
     "container.googleapis.com": "the GKE cluster and its node pools",
+    "sqladmin.googleapis.com": "the tracking server's Cloud SQL instance, its database and IAM user; the "
+                               "Cloud SQL Auth Proxy's connections",
+    "servicenetworking.googleapis.com": "private services access: the Cloud SQL instance's private address "
+                                        "in the stack's network",
     "artifactregistry.googleapis.com": "the image repository and its reader grant; image pushes and pulls",
     "iam.googleapis.com": "the Google service accounts and the Workload Identity bindings on them",
     "iamcredentials.googleapis.com": "Workload Identity: GKE's metadata server mints the pods' Google tokens",

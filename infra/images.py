@@ -22,15 +22,17 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # The trainer with TensorFlow's CUDA libraries (gigabytes more), for training pods given GPUs: only
 # a stack whose training pool has GPUs builds it (k3d never does).
 GPU_TRAINER_IMAGE = "trainer-gpu"
+TRACKING_SERVER_IMAGE = "tracking-server"  # MLflow's server (infra/tracking.py)
 # What each image's Dockerfile (<image>/Dockerfile) copies in.
 IMAGE_INPUTS = {
     "trainer": ("trainer/Dockerfile", "requirements/trainer.txt", "common", "trainer"),
     "serving": ("serving/Dockerfile", "requirements/serving.txt", "common", "trainer", "serving",
                 "engines", "cluster_steps"),
     GPU_TRAINER_IMAGE: ("trainer-gpu/Dockerfile", "requirements/trainer-gpu.txt", "common", "trainer"),
+    TRACKING_SERVER_IMAGE: ("tracking-server/Dockerfile", "requirements/tracking-server.txt"),
 }
 # What every stack builds.
-BASE_IMAGES = ("trainer", "serving")
+BASE_IMAGES = ("trainer", "serving", TRACKING_SERVER_IMAGE)
 IMAGE_REPOSITORY = "dist-ml/{image}"
 
 
@@ -87,5 +89,7 @@ class LocalImages(pulumi.ComponentResource):
                 triggers=[build.digest, args.cluster_id],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster, build]),
             ))
-        self.images = Images(trainer=refs["trainer"], serving=refs["serving"])
-        self.register_outputs({"trainer": refs["trainer"], "serving": refs["serving"]})
+        self.images = Images(trainer=refs["trainer"], serving=refs["serving"],
+                             tracking_server=refs[TRACKING_SERVER_IMAGE])
+        self.register_outputs({"trainer": refs["trainer"], "serving": refs["serving"],
+                               "tracking_server": refs[TRACKING_SERVER_IMAGE]})

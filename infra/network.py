@@ -28,7 +28,11 @@ SERVICES_RANGE = "10.8.0.0/20"
 PROXY_ONLY_RANGE = "10.9.0.0/23"  # Google recommends a /23; /26 is the least it takes
 PODS_RANGE_NAME, SERVICES_RANGE_NAME = "pods", "services"
 PROXY_ONLY_PURPOSE, PROXY_ONLY_ROLE = "REGIONAL_MANAGED_PROXY", "ACTIVE"
-NETWORK_RANGES = (NODES_RANGE, PODS_RANGE, SERVICES_RANGE, PROXY_ONLY_RANGE)
+# Private services access: Google's services network (the tracking server's Cloud SQL instance) peers
+# here; Google recommends a /16 (cloud.google.com/sql/docs/postgres/private-ip, allocated range size).
+SERVICES_PEERING_ADDRESS, SERVICES_PEERING_PREFIX = "10.16.0.0", 16
+SERVICES_PEERING_RANGE = f"{SERVICES_PEERING_ADDRESS}/{SERVICES_PEERING_PREFIX}"
+NETWORK_RANGES = (NODES_RANGE, PODS_RANGE, SERVICES_RANGE, PROXY_ONLY_RANGE, SERVICES_PEERING_RANGE)
 
 
 def region_of(location: str) -> str:

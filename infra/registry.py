@@ -10,7 +10,14 @@ import pulumi
 import pulumi_gcp as gcp
 
 from common.cluster_target import Images
-from infra.images import BASE_IMAGES, GPU_TRAINER_IMAGE, IMAGE_INPUTS, content_tag, image_build
+from infra.images import (
+    BASE_IMAGES,
+    GPU_TRAINER_IMAGE,
+    IMAGE_INPUTS,
+    TRACKING_SERVER_IMAGE,
+    content_tag,
+    image_build,
+)
 
 REPOSITORY_ID = "dist-ml"
 # Artifact Registry takes a Google access token as the password of this user.
@@ -50,5 +57,6 @@ class RegistryImages(pulumi.ComponentResource):
                                  platforms=[IMAGE_PLATFORM], push=True, registries=[registry])
             refs[image] = pushed.ref  # the tag with the pushed digest: <tag>@sha256:...
         self.images = pulumi.Output.all(**refs).apply(lambda pushed: Images(
-            trainer=pushed["trainer"], serving=pushed["serving"], trainer_gpu=pushed.get(GPU_TRAINER_IMAGE)))
+            trainer=pushed["trainer"], serving=pushed["serving"], trainer_gpu=pushed.get(GPU_TRAINER_IMAGE),
+            tracking_server=pushed[TRACKING_SERVER_IMAGE]))
         self.register_outputs({"repository": repository.name, **refs})

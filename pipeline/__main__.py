@@ -7,12 +7,15 @@
         [--rollout promote|rollback] [--serve]
     python -m pipeline promote [--config FILE] [--storage-root DIR]
     python -m pipeline rollback [--config FILE] [--storage-root DIR] [--to-version N]
-    python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2] [--prometheus-url URL]
+    python -m pipeline render --out DIR [--config FILE] [--argo-version v4.1.2] [--prometheus-url URL] \
+        [--tracking-uri URL]
 
 `run` is the local engine (processes on this machine); `render` writes the Argo WorkflowTemplate and
 Workflow that run the same steps on Kubernetes (--prometheus-url: where KEDA reads the predictor's
 load in that cluster, for serving.autoscaling.metric inflight or rps; default: where the stacks'
-monitoring serves it). Flags override the config file's `pipeline` keys.
+monitoring serves it; --tracking-uri: the MLflow tracking server its pods record into, default
+pipeline.tracking.uri when that is a server's, else none). Flags override the config file's
+`pipeline` keys.
 `run --rollout` decides the canary regardless of its evidence (for tests and demos). `promote` and
 `rollback` settle the local canary by hand, as the rollout step would; without a canary, `rollback`
 serves the committed version before the served one (or --to-version), deleting nothing.
@@ -27,8 +30,9 @@ from typing import Sequence
 
 from common import cli
 from common.cluster_target import DEFAULT_ARGO_VERSION, DEFAULT_PROMETHEUS_URL, ClusterTarget
-from pipeline import argo, local_canary
-from pipeline.config import ConfigError, load_config
+from common.tracking_names import tracking_uri_problem
+from pipeline import argo, local_canary, local_tracking
+from pipeline.config import ConfigError, PipelineConfig, load_config
 from pipeline.local import StepFailed, install_stop_handlers, run_pipeline
 from pipeline.local_canary import Forced, RolloutRefused
 from serving.client import ServerError
@@ -82,6 +86,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     render.add_argument("--prometheus-url", type=cli.http_url, default=DEFAULT_PROMETHEUS_URL,
                         help="the cluster's Prometheus, where KEDA reads the predictor's load "
                              "(serving.autoscaling.metric inflight or rps; default: the stacks')")
+    render.add_argument("--tracking-uri", type=cli.http_url,
+                        help="the MLflow tracking server the workflow's pods record into (default: "
+                             "pipeline.tracking.uri when it is an http(s) server's; else none)")
     return parser.parse_args(argv)
 
 
@@ -101,6 +108,12 @@ def overrides(args: argparse.Namespace) -> dict:
     return found
 
 
+def cluster_tracking_uri(config: PipelineConfig) -> str | None:
+    """pipeline.tracking.uri when pods could reach it (a server's), else None."""
+    uri = config.tracking.uri
+    return uri if uri and tracking_uri_problem(uri, server_only=True) is None else None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
@@ -108,15 +121,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         raise cli.UsageError(f"config: {error}") from None
     if args.command == "render":
-        target = ClusterTarget(argo_version=args.argo_version, prometheus_url=args.prometheus_url)
+        target = ClusterTarget(argo_version=args.argo_version, prometheus_url=args.prometheus_url,
+                               tracking_uri=args.tracking_uri or cluster_tracking_uri(config))
         written = argo.write(config, args.out, target)
         for path in written:
             print(f"render: wrote {path}")
         return
     if args.command in ("promote", "rollback"):
         try:
+            tracked = local_tracking.of_what_was_recorded(config, args.command)
             print(local_canary.by_hand(local_canary.model_base(config), args.command == "promote",
-                                        getattr(args, "to_version", None)))
+                                       getattr(args, "to_version", None), tracked))
         except (RolloutRefused, RolloutStateError) as error:
             raise cli.UsageError(f"{args.command}: {error}") from None
         return

@@ -44,9 +44,10 @@ from common.cluster_names import (
     WORKFLOW_TEMPLATE_NAME,
 )
 from common.cluster_target import PART_OF, ClusterStorage, ClusterTarget, Images, storage_mount
+from common.tracking_names import EXPERIMENT_ENV, PIPELINE_RUN_ENV, TRACKING_URI_ENV
 from common.yaml_text import to_yaml
 from engines import ENGINES
-from engines.base import TrainingSpec
+from engines.base import TrainingSpec, env_list
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     SERVING_IMAGE,
@@ -93,20 +94,33 @@ def step_image(step: Step, images: Images) -> str:
     return {TRAINER_IMAGE: images.trainer, SERVING_IMAGE: images.serving}[step.image]
 
 
-def step_container(step: Step, images: Images) -> dict:
+def tracking_env(config: PipelineConfig, target: ClusterTarget) -> dict[str, str]:
+    """What the steps that track in MLflow are given (trainer.tracking): the cluster's tracking server,
+    the experiment, and the workflow's name as the pipeline run that groups their runs. None without
+    a server or with tracking off."""
+    if target.tracking_uri is None or not config.tracking.enabled:
+        return {}
+    return {TRACKING_URI_ENV: target.tracking_uri, EXPERIMENT_ENV: config.experiment,
+            PIPELINE_RUN_ENV: WORKFLOW_NAME}
+
+
+def step_container(step: Step, images: Images, env: Mapping[str, str] = {}) -> dict:
     """The container of a step that runs its own command on the storage volume."""
-    return {"name": MAIN_CONTAINER, "image": step_image(step, images), "imagePullPolicy": "IfNotPresent",
-            "command": list(step.command), "volumeMounts": [storage_mount()],
-            "resources": step.resources.as_manifest()}
+    container = {"name": MAIN_CONTAINER, "image": step_image(step, images), "imagePullPolicy": "IfNotPresent",
+                 "command": list(step.command), "volumeMounts": [storage_mount()],
+                 "resources": step.resources.as_manifest()}
+    if env:
+        container["env"] = env_list(env)
+    return container
 
 
-def training_spec(step: Step) -> TrainingSpec:
+def training_spec(step: Step, env: Mapping[str, str] = {}) -> TrainingSpec:
     """A train step's training, for its engine; its job is named after the workflow and the step, so
     that every run creates its own."""
     return TrainingSpec(name=f"{WORKFLOW_NAME}-{step.name}", step=step.name, command=tuple(step.command),
                         workers=step.replicas, parameter_servers=step.parameter_servers,
                         resources=step.resources.as_manifest(), retries=step.retries,
-                        labels={WORKFLOW_LABEL: WORKFLOW_NAME})
+                        labels={WORKFLOW_LABEL: WORKFLOW_NAME}, env=dict(env))
 
 
 def training_runtimes(config: PipelineConfig, target: ClusterTarget) -> list[dict]:
@@ -170,8 +184,9 @@ def ingest_template(config: PipelineConfig, step: Step, target: ClusterTarget) -
 
 def select_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     """Select, and the number of the version it published as an output."""
-    main = step_container(step, target.images)
-    main["command"] = [*main["command"], "--published-version-file", PUBLISHED_VERSION_FILE]
+    main = step_container(step, target.images, tracking_env(config, target))
+    main["command"] = [*main["command"], "--published-version-file", PUBLISHED_VERSION_FILE,
+                       "--releases-uri", Layout(target.storage.uri).releases]
     return {"name": step.name, "retryStrategy": retry_strategy(step), "container": main,
             "outputs": {"parameters": [
                 {"name": VERSION_PARAMETER, "valueFrom": {"path": PUBLISHED_VERSION_FILE}}]}}
@@ -181,7 +196,7 @@ def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
     """Creates the step's TrainJob or TFJob and watches it to its end (cluster_steps.train says why
     not a resource template). The job belongs to the workflow: deleting the workflow deletes it and
     its pods."""
-    manifest = ENGINES[config.engine].job(training_spec(step), target)
+    manifest = ENGINES[config.engine].job(training_spec(step, tracking_env(config, target)), target)
     manifest["metadata"]["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "Workflow",
                                                 "name": "{{workflow.name}}", "uid": "{{workflow.uid}}"}]
     timeout = config.train_timeout_seconds
@@ -197,11 +212,15 @@ def train_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
     }
 
 
-def cluster_step_container(target: ClusterTarget, module: str, args: list[str]) -> dict:
+def cluster_step_container(target: ClusterTarget, module: str, args: list[str],
+                           env: Mapping[str, str] = {}) -> dict:
     """A step of cluster_steps (`module`), in the serving image, which carries the kubernetes client."""
-    return {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
-            "command": ["python", "-m", module], "args": args,
-            "resources": {kind: dict(amounts) for kind, amounts in CLUSTER_STEP_RESOURCES.items()}}
+    container = {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
+                 "command": ["python", "-m", module], "args": args,
+                 "resources": {kind: dict(amounts) for kind, amounts in CLUSTER_STEP_RESOURCES.items()}}
+    if env:
+        container["env"] = env_list(env)
+    return container
 
 
 def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
@@ -219,7 +238,7 @@ def serve_template(config: PipelineConfig, step: Step, target: ClusterTarget) ->
             "--canary-percent", str(config.rollout.canary_percent),
             "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
             "--version-file", DEPLOYED_VERSION_FILE,
-            MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)]),
+            MANIFEST_FLAG, json.dumps(manifest, sort_keys=True)], tracking_env(config, target)),
         "outputs": {"parameters": [
             {"name": VERSION_PARAMETER, "valueFrom": {"path": DEPLOYED_VERSION_FILE}}]},
     }
@@ -240,7 +259,7 @@ def rollout_template(config: PipelineConfig, step: Step, target: ClusterTarget) 
             "--version", f"{{{{inputs.parameters.{VERSION_PARAMETER}}}}}",
             *rollout_flags(config),
             "--timeout-seconds", str(ROLLOUT_TIMEOUT_SECONDS),
-            "--decision-file", DECISION_FILE]),
+            "--decision-file", DECISION_FILE], tracking_env(config, target)),
         "outputs": {"parameters": [{"name": DECISION_PARAMETER, "valueFrom": {"path": DECISION_FILE}}]},
     }
 

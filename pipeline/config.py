@@ -33,12 +33,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from common.cluster_names import GENERATED_NAME_SUFFIX, WORKFLOW_TEMPLATE_NAME, train_step_name
+from common.tracking_names import tracking_uri_problem
 from engines import DEFAULT_ENGINE, ENGINES
 from pipeline.validation import (
     SCHEMA_DIALECT,
     ConfigError,
     DnsLabel,
     Duration,
+    Flag,
     Number,
     Positive,
     Quantity,
@@ -317,6 +319,25 @@ class Rollout(Section):
         return duration_seconds(self.max_wait)
 
 
+def _tracking_uri(uri: str) -> str:
+    if (problem := tracking_uri_problem(uri)) is not None:
+        raise PydanticCustomError("config", "must be an MLflow tracking URI: {problem}", {"problem": problem})
+    return uri
+
+
+TrackingUri = Annotated[Text, AfterValidator(_tracking_uri)]
+
+
+class TrackingConfig(Section):
+    """The `pipeline.tracking` section: where MLflow records training runs, selections and published
+    versions (docs/concepts/tracking.md). MLflow's own MLFLOW_TRACKING_URI, when set, wins locally."""
+    enabled: Flag = Field(True, description="track in MLflow; false: record nothing (metrics.json stays)")
+    uri: TrackingUri | None = Field(
+        None, description="MLflow's tracking URI; default: locally a SQLite store under storageRoot, on a "
+                          "cluster the stack's own tracking server")
+    experiment: Text | None = Field(None, description="the MLflow experiment; default: modelName")
+
+
 class PipelineSettings(WithResources):
     """The `pipeline` section's keys."""
     variants: Variants = Field(default_factory=lambda: VARIANTS,
@@ -365,6 +386,12 @@ class PipelineSettings(WithResources):
     rollout: Rollout = Field(
         Rollout(), description="the canary: {canaryPercent, minRequests, maxWait, maxErrorRateIncrease, "
                                "maxLatencyRatio}")
+    tracking: TrackingConfig = Field(
+        TrackingConfig(), description="experiment tracking in MLflow: {enabled, uri, experiment}")
+
+    @property
+    def experiment(self) -> str:
+        return self.tracking.experiment or self.model_name
 
     @property
     def memoize_max_age_seconds(self) -> int:

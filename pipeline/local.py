@@ -39,7 +39,7 @@ from typing import Callable, NoReturn, Sequence
 
 from PIL import Image
 
-from pipeline import local_canary
+from pipeline import local_canary, local_tracking
 from pipeline.config import PipelineConfig
 from pipeline.definition import (
     Layout,
@@ -52,7 +52,7 @@ from pipeline.definition import (
 )
 from serving import client
 from serving.process import running_server
-from trainer import atomic, launch, model_repository
+from trainer import atomic, launch, model_repository, tracking
 from trainer.dataset_files import FILE_NAMES
 from trainer.fashion_mnist import CLASS_NAMES, DatasetError, load_split, md5_of, read_manifest
 from trainer.model_repository import LAST_SELECTION_FILE
@@ -184,6 +184,9 @@ class LocalRun:
         self.code_digest = trainer_code_digest()  # once: every step's key includes it
         self.forced_rollout = forced_rollout
         self.rollout: dict | None = None  # the canary's decision, once made
+        # The steps track into one store, their runs tagged with this run's name (its logs' directory).
+        self.tracking_env = local_tracking.environment(config, self.log_dir.name)
+        self.tracking = tracking.OFF
 
     # Keys and output digests ------------------------------------------------------------------
 
@@ -228,7 +231,7 @@ class LocalRun:
             prepare(self, step)
         argv = [sys.executable, "-m", step.module, *step.args]
         workers = launch.start_replicas(argv, step.replicas, self.log_dir / step.name, step.distributed,
-                                        step.parameter_servers)
+                                        step.parameter_servers, self.tracking_env)
         self.running[step.name] = Attempt(step, workers, number, time.monotonic(), port_retries)
         replicas = f" ({step.replicas} workers)" if step.distributed else ""
         if step.parameter_servers:
@@ -274,6 +277,7 @@ class LocalRun:
         steps = len(self.steps) + 1 + len(self.against_server)  # and the served step
         self.print(f"pipeline: {steps} steps, logs in {self.log_dir}")
         parallelism = self.config.parallelism or len(self.steps)
+        self.tracking = local_tracking.prepare(self.tracking_env)
         try:
             while len(self.outcomes) < len(self.steps):
                 for step in self.ready():
@@ -387,7 +391,8 @@ class AgainstServer:
 
 def canary_rollout(run: LocalRun, step: Step, url: str) -> str:
     """Tests the canary the server started with, if any, and promotes it or rolls it back."""
-    outcome = local_canary.run_canary(run.config, url, Path(run.layout.data), run.forced_rollout)
+    outcome = local_canary.run_canary(run.config, url, Path(run.layout.data), run.forced_rollout,
+                                      run.tracking)
     if outcome is None:
         return "no canary"
     decision, _ = outcome
@@ -478,7 +483,7 @@ def run_pipeline(config: PipelineConfig, serve_forever: bool = False, print_line
 
     base = local_canary.model_base(config)
     state = local_canary.starting_state(base, run.published_now(selection), config.rollout.canary_percent)
-    model_repository.write_rollout(base, state)
+    local_canary.serve_state(base, state, run.tracking)
     if state.canary is not None:
         print_line(f"canary: version {state.canary} takes {state.canary_percent}% of requests, "
                    f"version {state.stable} the rest")

@@ -28,7 +28,7 @@ from PIL import Image
 from pipeline.config import PipelineConfig
 from serving import client
 from serving.canary import Decision, Evidence, Policy, decide, evidence_by_version
-from trainer import model_repository
+from trainer import model_repository, tracking
 from trainer.atomic import write_whole
 from trainer.fashion_mnist import load_split
 from trainer.model_repository import RolloutState
@@ -141,11 +141,19 @@ def forced_decision(decision: Decision, forced: Forced | None) -> Decision:
                     decision.stable, decision.canary)
 
 
-def settle(base: Path, state: RolloutState, promote: bool) -> RolloutState:
+def serve_state(base: Path, state: RolloutState, tracked: tracking.Tracking) -> None:
+    """Writes what is served, which the server's version watcher follows, and moves MLflow's aliases
+    to it (`champion` the stable version, `challenger` the canary)."""
+    model_repository.write_rollout(base, state)
+    tracking.follow_rollout(tracked, base.name, state.stable, state.canary)
+
+
+def settle(base: Path, state: RolloutState, promote: bool, tracked: tracking.Tracking = tracking.OFF
+           ) -> RolloutState:
     """Promotes the canary (it becomes the stable version) or rolls it back (the stable one stays
     alone); the canary's files stay either way."""
     settled = RolloutState(state.canary if promote else state.stable)
-    model_repository.write_rollout(base, settled)
+    serve_state(base, settled, tracked)
     return settled
 
 
@@ -167,8 +175,8 @@ def summary(decision: Decision, state: RolloutState) -> str:
             f"{stable.errors} errors, mean {stable.mean_latency_seconds * 1000:.1f} ms]")
 
 
-def run_canary(config: PipelineConfig, url: str, data_dir: Path, forced: Forced | None = None
-               ) -> tuple[Decision, RolloutState] | None:
+def run_canary(config: PipelineConfig, url: str, data_dir: Path, forced: Forced | None = None,
+               tracked: tracking.Tracking = tracking.OFF) -> tuple[Decision, RolloutState] | None:
     """The rollout step: when the served state has a canary, test it, decide, settle and record;
     None when there is no canary."""
     base = model_base(config)
@@ -178,14 +186,15 @@ def run_canary(config: PipelineConfig, url: str, data_dir: Path, forced: Forced 
     observed = send_traffic(url, config.model_name, state, traffic_images(data_dir),
                             config.rollout.min_requests, config.rollout.max_wait_seconds)
     decision = forced_decision(decide(observed.stable, observed.canary, policy(config)), forced)
-    settle(base, state, decision.promote)
+    settle(base, state, decision.promote, tracked)
     record(base, {"by": "rollout step", "stable": state.stable, "canary": state.canary,
                   "canary_percent": state.canary_percent, "seconds": round(observed.seconds, 1),
                   **decision.as_record()})
     return decision, state
 
 
-def by_hand(base: Path, promote: bool, to_version: int | None = None) -> str:
+def by_hand(base: Path, promote: bool, to_version: int | None = None,
+            tracked: tracking.Tracking = tracking.OFF) -> str:
     """`python -m pipeline promote|rollback`: settles the canary as the rollout step would. Without a
     canary, `rollback` makes `to_version` (default: the committed version before the stable one) the
     stable version. Returns the line to print."""
@@ -195,7 +204,7 @@ def by_hand(base: Path, promote: bool, to_version: int | None = None) -> str:
         if to_version is not None:
             raise RolloutRefused(f"version {state.canary} is a canary: settle it first (promote or "
                                  f"rollback without --to-version)")
-        settled = settle(base, state, promote)
+        settled = settle(base, state, promote, tracked)
         verb = "promoted" if promote else "rolled back"
         line = (f"{verb} version {state.canary} by hand; version {settled.stable} is served")
         record(base, {"by": "hand", "stable": state.stable, "canary": state.canary,
@@ -213,7 +222,7 @@ def by_hand(base: Path, promote: bool, to_version: int | None = None) -> str:
     if target not in committed:
         raise RolloutRefused(f"version {target} is not a committed version under {base} "
                              f"({', '.join(map(str, committed))})")
-    model_repository.write_rollout(base, RolloutState(target))
+    serve_state(base, RolloutState(target), tracked)
     record(base, {"by": "hand", "stable": stable, "canary": None, "decision": "rollback",
                   "to": target})
     return f"rolled back from version {stable} to version {target} by hand; {stable} stays on disk"

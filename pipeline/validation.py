@@ -70,6 +70,7 @@ WholeNumber = Annotated[int, BeforeValidator(_integral_float_as_int), Strict()]
 Positive = Annotated[WholeNumber, Field(ge=1)]
 Number = Annotated[float, BeforeValidator(_int_as_float), Strict(), Field(allow_inf_nan=False)]
 Text = Annotated[str, Strict(), Field(min_length=1, pattern=NOT_BLANK)]
+Flag = Annotated[bool, Strict()]  # true or false, never "yes", 1 or a string
 
 
 def matching(pattern: str, meaning: str) -> Any:

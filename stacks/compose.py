@@ -17,6 +17,7 @@ from common.cluster_target import (
     ClusterStorage,
     ClusterTarget,
 )
+from common.tracking_names import server_uri
 from engines import ENGINES
 from engines.base import QueuePlacement
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
@@ -26,9 +27,11 @@ from infra.pipeline import PipelineArgs, PipelineResources
 from infra.platform import Platform, PlatformArgs
 from infra.queue import TrainingQueue, TrainingQueueArgs
 from infra.serving import LOGGER_SERVICE_ACCOUNT, Serving, ServingArgs, logger_url
+from infra.tracking import SERVER_ACCOUNT, TrackingServer, TrackingServerArgs
 from pipeline.argo import ARGO_NAMESPACE
 from pipeline.definition import Layout
 from stacks.kinds import KINDS
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource
 from stacks.settings import StackConfig
 
 
@@ -55,12 +58,14 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
             engine=engine, placement=QueuePlacement(placement.pool, placement.node_selector,
                                                     placement.tolerations, placement.quota),
             namespace=config.namespace, provider=cluster.provider, depends_on=[*platform.ready, namespace]))
+    needs = [*platform.ready, *images.ready, *storage.ready, namespace]
+    tracking_uri = declare_tracking(config, kind, cluster, images, [*images.ready, namespace])
     target = pulumi.Output.from_input(images.images).apply(lambda built: ClusterTarget(
         images=built, storage=storage.storage, argo_version=config.platform.argo_version,
         logger_url=logger_url(config.namespace), prometheus_url=cluster_prometheus(config),
         training_tolerations=placement.tolerations,
-        training_node_selector=placement.node_selector, training_gpus=placement.gpus))
-    needs = [*platform.ready, *images.ready, *storage.ready, namespace]
+        training_node_selector=placement.node_selector, training_gpus=placement.gpus,
+        tracking_uri=tracking_uri))
     PipelineResources("pipeline", PipelineArgs(
         config=config.pipeline, target=target, namespace=config.namespace, run_on_up=config.run_on_up,
         provider=cluster.provider, depends_on=needs, service_account_annotations=storage.account_annotations))
@@ -72,6 +77,23 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
                                    kubeconfig=cluster.kubeconfig, depends_on=[namespace]))
     return {**access_outputs(config, cluster.kubeconfig, storage.storage, gateway), **kind.outputs(images),
             **declare_monitoring(config, cluster.provider, platform, namespace)}
+
+
+def declare_tracking(config: StackConfig, kind: ClusterKind, cluster: Cluster, images: ImageSource,
+                     needs: list[pulumi.Resource]) -> str | None:
+    """Where the pipeline's pods track (None: nowhere): `pipeline.tracking.uri` when the stack names a
+    server of its own, else the tracking server this declares with the kind's backend."""
+    tracking = config.pipeline.tracking
+    if not tracking.enabled:
+        return None
+    if tracking.uri is not None:
+        return tracking.uri
+    placement = kind.tracking(cluster, SERVER_ACCOUNT)
+    TrackingServer("tracking", TrackingServerArgs(
+        image=pulumi.Output.from_input(images.images).apply(lambda built: built.tracking_server),
+        namespace=config.namespace, backend=placement.backend, provider=cluster.provider,
+        depends_on=[*needs, *placement.ready], service_account_annotations=placement.account_annotations))
+    return server_uri(config.namespace)
 
 
 MONITORING = "monitoring"  # the Monitoring component's name, which its chart's release name carries

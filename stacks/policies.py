@@ -109,6 +109,9 @@ def violations(objects: Sequence[dict]) -> list[str]:
 # Google Cloud resources, as declared (type token and inputs, camelCase as Pulumi sends them).
 BUCKET = "gcp:storage/bucket:Bucket"
 SERVICE_ACCOUNT_KEY = "gcp:serviceaccount/key:Key"
+SQL_INSTANCE = "gcp:sql/databaseInstance:DatabaseInstance"
+SQL_USER = "gcp:sql/user:User"
+IAM_USER_TYPES = ("CLOUD_IAM_USER", "CLOUD_IAM_SERVICE_ACCOUNT", "CLOUD_IAM_GROUP")
 
 
 def private_buckets(resources: Sequence) -> list[str]:
@@ -130,7 +133,26 @@ def no_service_account_keys(resources: Sequence) -> list[str]:
             if r.type == SERVICE_ACCOUNT_KEY]
 
 
-CLOUD_POLICIES = (private_buckets, no_service_account_keys)
+def private_databases(resources: Sequence) -> list[str]:
+    """Every Cloud SQL instance: no public address, IAM database authentication on, connections
+    through the Auth Proxy (or a connector) only; every database user an IAM principal: no password."""
+    violations = []
+    for instance in (r for r in resources if r.type == SQL_INSTANCE):
+        settings = instance.inputs.get("settings") or {}
+        if (settings.get("ipConfiguration") or {}).get("ipv4Enabled") is not False:
+            violations.append(f"Cloud SQL instance {instance.name}: it has a public address")
+        flags = {flag.get("name"): flag.get("value") for flag in settings.get("databaseFlags") or []}
+        if flags.get("cloudsql.iam_authentication") != "on":
+            violations.append(f"Cloud SQL instance {instance.name}: IAM database authentication is off")
+        if settings.get("connectorEnforcement") != "REQUIRED":
+            violations.append(f"Cloud SQL instance {instance.name}: direct connections are allowed")
+    for user in (r for r in resources if r.type == SQL_USER):
+        if user.inputs.get("type") not in IAM_USER_TYPES or "password" in user.inputs:
+            violations.append(f"Cloud SQL user {user.name}: a password user; use IAM authentication")
+    return violations
+
+
+CLOUD_POLICIES = (private_buckets, no_service_account_keys, private_databases)
 
 
 def cloud_violations(resources: Sequence) -> list[str]:

@@ -32,6 +32,8 @@ POLICIES: dict[str, tuple[str, Check]] = {
     "private-buckets": ("buckets private, uniform and versioned", policies.private_buckets),
     "no-service-account-keys": ("no service account keys: Workload Identity instead",
                                 policies.no_service_account_keys),
+    "private-databases": ("Cloud SQL without a public address, through the Auth Proxy, with IAM database "
+                          "users only (no password)", policies.private_databases),
     "public-endpoints": ("a public Gateway serves HTTPS only (plain HTTP only redirects) and every backend "
                          "behind it has an access control (a Cloud Armor allowlist denying the rest, or IAP)",
                          lambda resources: policies.public_endpoints(kubernetes_objects(resources),

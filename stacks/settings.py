@@ -10,11 +10,12 @@ model (PipelineSections).
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar, Iterator, Mapping
 
-from pydantic import Field, Strict, model_validator
+from pydantic import Field, model_validator
 
 from common.cluster_target import DEFAULT_ARGO_VERSION, GPU_RESOURCE
+from common.tracking_names import tracking_uri_problem
 from engines import ENGINES
 from pipeline.argo import SUPPORTED_ARGO_VERSION
 from pipeline.config import (
@@ -25,12 +26,11 @@ from pipeline.config import (
     ScalingMetric,
     ServingConfig,
 )
-from pipeline.validation import DnsLabel, Quantity, Section, fail, matching, quantity_value
+from pipeline.validation import DnsLabel, Flag, Quantity, Section, fail, matching, quantity_value
 from trainer.cluster import NODE_JOB, jobset_replicas
 
 PROJECT = "dist-ml"
 
-Flag = Annotated[bool, Strict()]
 ReleaseTag = matching(r"^v[0-9]+\.[0-9]+\.[0-9]+$", "a release tag like v1.2.3")
 ArgoRelease = matching(SUPPORTED_ARGO_VERSION.pattern, "an Argo Workflows release v3.x.y or v4.x.y")
 ChartVersion = matching(r"^[0-9]+\.[0-9]+\.[0-9]+$", "a chart version like 80.4.1")
@@ -76,6 +76,14 @@ class StackPipeline(PipelineSettings):
     """The `pipeline` section on a stack."""
     NOT_HERE: ClassVar[dict[str, str]] = {"storageRoot": LOCAL_ENGINE_ONLY}
     run_on_up: Flag = Field(False, description="also submit one Workflow run on `pulumi up`")
+
+    @model_validator(mode="after")
+    def _a_tracking_server_pods_reach(self) -> StackPipeline:
+        """Pods reach a server, not a database or a directory on someone's machine."""
+        uri = self.tracking.uri
+        if uri is not None and (problem := tracking_uri_problem(uri, server_only=True)) is not None:
+            raise fail(f"must be the tracking server the cluster's pods call: {problem}", "tracking.uri")
+        return self
 
 
 class StackAutoscaling(Autoscaling):

@@ -329,16 +329,19 @@ def test_by_default_gkes_gateway_is_an_internal_load_balancer_in_the_stacks_own_
     assert proxy_only.inputs["network"] == f"{network.name}-id"
     assert proxy_only.inputs["region"] == nodes.inputs["region"] == cluster.inputs["location"] == REGION
     assert ipaddress.ip_network(proxy_only.inputs["ipCidrRange"]).prefixlen <= 26
+    (peering,) = [r for r in gke.of_type(GLOBAL_ADDRESS) if r.inputs["purpose"] == "VPC_PEERING"]
+    peering_range = f"{peering.inputs['address']}/{peering.inputs['prefixLength']}"
     ranges = [ipaddress.ip_network(r) for r in (nodes.inputs["ipCidrRange"], *secondary.values(),
-                                                 proxy_only.inputs["ipCidrRange"])]
+                                                 proxy_only.inputs["ipCidrRange"], peering_range)]
     assert not any(a.overlaps(b) for i, a in enumerate(ranges) for b in ranges[i + 1:])
     (gateway,) = objects_of(gke, "Gateway")
     assert gateway["spec"]["gatewayClassName"] == gke_endpoint.INTERNAL_GATEWAY_CLASS == "gke-l7-rilb"
     assert [(lis["protocol"], lis["port"]) for lis in gateway["spec"]["listeners"]] == [("HTTP", 80)]
     assert "network-proxy-only" in closure(gke, "gateway-gateway")
-    # Nothing of a public endpoint: no address, certificate, allowlist or backend policy.
+    # Nothing of a public endpoint: no address, certificate, allowlist or backend policy (the one
+    # global address is the tracking database's private services range).
     assert not [r for r in gke.resources if r.type.startswith("gcp:certificatemanager/")
-                or r.type in (GLOBAL_ADDRESS, SECURITY_POLICY)]
+                or r.type == SECURITY_POLICY or (r.type == GLOBAL_ADDRESS and r is not peering)]
     assert objects_of(gke, "GCPBackendPolicy") == []
     assert "get gateway dist-ml" in gke.outputs["inferenceAddress"]
     assert gke.outputs["inferenceUrl"] == "http://<inferenceAddress>/v1/models/fmnist:predict"
@@ -362,7 +365,7 @@ def test_a_public_gke_endpoint_serves_https_for_its_domain_and_redirects_plain_h
     (gateway,) = objects_of(public_gke, "Gateway")
     assert gateway["spec"]["gatewayClassName"] == gke_endpoint.PUBLIC_GATEWAY_CLASS
     certificate_map = the(public_gke, "gcp:certificatemanager/certificateMap:CertificateMap")
-    address = the(public_gke, GLOBAL_ADDRESS)
+    (address,) = [r for r in public_gke.of_type(GLOBAL_ADDRESS) if r.inputs.get("purpose") != "VPC_PEERING"]
     assert gateway["metadata"]["annotations"] == {"networking.gke.io/certmap": certificate_map.inputs["name"]}
     assert gateway["spec"]["addresses"] == [{"type": "NamedAddress", "value": address.inputs["name"]}]
     listeners = {lis["name"]: lis for lis in gateway["spec"]["listeners"]}
@@ -514,7 +517,7 @@ def test_a_changed_k3d_cluster_is_deleted_before_its_namesake_is_created(local):
 def test_images_are_imported_into_every_new_k3d_cluster(local):
     cluster_id = "cluster-cluster-id"  # what the mocks answer for the cluster command's id
     imports = [r for r in local.of_type("command:local:Command") if "k3d image import" in r.inputs["create"]]
-    assert len(imports) == 2 and all(cluster_id in r.inputs["triggers"] for r in imports)
+    assert len(imports) == 3 and all(cluster_id in r.inputs["triggers"] for r in imports)
 
 
 def quantity(value: str) -> float:

@@ -18,15 +18,17 @@ from stack_checks import embedded, objects_of, validate_all
 from common.cluster_target import Images
 from infra.gateway import GatewayPlacement
 from infra.storage import PvcStorage, PvcStorageArgs
+from infra.tracking import SERVER_ACCOUNT, VolumeBackend
 from pipeline.validation import ConfigError, Section
 from stacks import kinds, render
 from stacks.config import parse_stack_config
-from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrackingPlacement, TrainingPlacement
 from stacks.kinds.k3d import StorageConfig
 from stacks.settings import StackSettings
 
 IDENTITY = {"identity.fake.example/account": "fake-storage-user"}
-IMAGES = Images(trainer="registry.fake.example/trainer:1.0", serving="registry.fake.example/serving:1.0")
+IMAGES = Images(trainer="registry.fake.example/trainer:1.0", serving="registry.fake.example/serving:1.0",
+                tracking_server="registry.fake.example/tracking-server:1.0")
 PLACEMENT = TrainingPlacement(pool="training", quota={"cpu": "8", "memory": "32Gi"},
                               node_selector={"fake.example/pool": "training"})
 GATEWAY = GatewayPlacement("fake-gateway-class", 8080, url="http://gateway.fake.example")
@@ -65,6 +67,9 @@ class FakeKind(ClusterKind):
     def training_placement(self) -> TrainingPlacement:
         return PLACEMENT
 
+    def tracking(self, cluster: Cluster, service_account: str) -> TrackingPlacement:
+        return TrackingPlacement(VolumeBackend(storage_class="fake-disks"))
+
     def gateway(self, cluster: Cluster) -> GatewayPlacement:
         return GATEWAY
 
@@ -102,8 +107,12 @@ def test_the_whole_stack_renders_on_a_plugged_in_kind(fake_kind, validate_crd):
     (quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
     assert {r["name"]: r["nominalQuota"] for r in quota["resources"]} == PLACEMENT.quota
     assert embedded(template, "serve")["spec"]["predictor"]["containers"][0]["image"] == IMAGES.serving
-    accounts = objects_of(rendered, "ServiceAccount")
-    assert len(accounts) == 4 and all(a["metadata"]["annotations"] == IDENTITY for a in accounts)
+    accounts = {a["metadata"]["name"]: a for a in objects_of(rendered, "ServiceAccount")}
+    tracking = accounts.pop(SERVER_ACCOUNT)  # the tracking server's: its backend's identity, none here
+    assert not tracking["metadata"].get("annotations")
+    assert len(accounts) == 4 and all(a["metadata"]["annotations"] == IDENTITY for a in accounts.values())
+    (server,) = [d for d in objects_of(rendered, "Deployment") if d["metadata"]["name"] == "mlflow"]
+    assert server["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGES.tracking_server
     assert rendered.outputs["fakeCluster"] == "lab"
     assert rendered.outputs["inferenceService"] == "dist-ml/fmnist"
     (gateway,) = objects_of(rendered, "Gateway")

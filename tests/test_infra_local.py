@@ -8,6 +8,7 @@ import stack_checks
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
+from common.cluster_target import STORAGE_CLAIM_NAME
 from pipeline.config import ConfigError
 from stacks import policies, render
 from stacks.config import parse_stack_config
@@ -32,12 +33,13 @@ def test_the_stack_files_kubernetes_version_is_the_one_validated_against():
 
 def test_the_graph_holds_every_component(default_stack):
     types = {resource.type for resource in default_stack.resources}
-    for component in ("K3dCluster", "LocalImages", "Platform", "PvcStorage", "Pipeline", "Serving"):
+    for component in ("K3dCluster", "LocalImages", "Platform", "PvcStorage", "Pipeline", "Serving",
+                      "TrackingServer"):
         assert f"dist-ml:infra:{component}" in types
     commands = [r.inputs["create"] for r in default_stack.of_type("command:local:Command")]
     assert any(c.startswith("k3d cluster create dist-ml --servers=1 --agents=0 "
                             "--image=rancher/k3s:v1.33.4-k3s1") for c in commands)
-    assert sum("k3d image import dist-ml/" in c for c in commands) == 2
+    assert sum("k3d image import dist-ml/" in c for c in commands) == 3  # trainer, serving, tracking server
     (trainer,) = default_stack.of_type("kubernetes:kustomize/v2:Directory")
     assert trainer.inputs["directory"] == ("https://github.com/kubeflow/trainer.git/manifests/overlays/manager"
                                            "?ref=v2.3.0")
@@ -91,8 +93,8 @@ def test_config_changes_the_objects(validate_crd):
     (queue,) = objects_of(rendered, "ClusterQueue")
     (quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
     assert {r["name"]: r["nominalQuota"] for r in quota["resources"]} == {"cpu": "3", "memory": "5Gi"}
-    (claim,) = objects_of(rendered, "PersistentVolumeClaim")
-    assert claim["spec"]["resources"]["requests"]["storage"] == "25Gi"
+    claims = {claim["metadata"]["name"]: claim for claim in objects_of(rendered, "PersistentVolumeClaim")}
+    assert claims[STORAGE_CLAIM_NAME]["spec"]["resources"]["requests"]["storage"] == "25Gi"
     (run,) = objects_of(rendered, "Workflow")
     assert run["spec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
 

@@ -31,19 +31,24 @@ TRAINING_STACK = {"tf-keras", "tensorboard", "tensorflow-datasets", "matplotlib"
 DEV_ONLY = {"pytest", "ruff", "hypothesis", "kubernetes-validate"}  # (kserve needs aiohttp, tfds psutil)
 # Distributions an image must hold and must leave out, by PEP 503 name ("pulumi*" matches every
 # Pulumi SDK).
+# The trainer's and the serving image's MLflow client is mlflow-skinny: not MLflow's server, database
+# layer and UI (the tracking server's image has them).
+MLFLOW_SERVER = {"mlflow", "sqlalchemy", "alembic", "flask", "gunicorn"}
 MUST_HOLD = {
-    "trainer": {"tensorflow", "tf-keras", "tensorflow-datasets", "numpy", "pyyaml"},
-    "serving": {"tensorflow", "kserve", "kubernetes", "pillow", "numpy", "pyyaml"},
+    "trainer": {"tensorflow", "tf-keras", "tensorflow-datasets", "numpy", "pyyaml", "mlflow-skinny"},
+    "serving": {"tensorflow", "kserve", "kubernetes", "pillow", "numpy", "pyyaml", "mlflow-skinny"},
+    "tracking-server": {"mlflow", "psycopg2-binary", "google-cloud-storage"},
 }
 MUST_LEAVE_OUT = {
-    "trainer": {"pulumi*", "kserve", *DEV_ONLY},
-    "serving": {"pulumi*", *TRAINING_STACK, *DEV_ONLY},
+    "trainer": {"pulumi*", "kserve", *MLFLOW_SERVER, *DEV_ONLY},
+    "serving": {"pulumi*", *TRAINING_STACK, *MLFLOW_SERVER, *DEV_ONLY},
+    "tracking-server": {"pulumi*", "tensorflow", "kserve", "tf-keras", "tensorboard", *DEV_ONLY},
 }
 # The modules each image runs, and so everything they import must be in its lock. serving.loadtest
 # is the load generator: it runs from the dev venv against a server (aiohttp, matplotlib).
 DEV_TOOLS = {"serving.loadtest"}
 IMAGE_PACKAGES = {"trainer": ("trainer",), "serving": ("serving", "engines", "cluster_steps"),
-                  "trainer-gpu": ("trainer",)}
+                  "trainer-gpu": ("trainer",), "tracking-server": ()}  # MLflow's own server only
 GPU_IMAGE = "trainer-gpu"
 ALL_IMAGES = (*lock.IMAGES, *lock.EXTENDED_IMAGES)
 
@@ -84,7 +89,7 @@ def test_pip_install_yields_the_projects_packages_and_nothing_else(tmp_path: Pat
 
     metadata = next(target.glob("dist_ml-*.dist-info")) / "METADATA"
     extras = set(re.findall(r"^Provides-Extra: (\S+)$", metadata.read_text(), re.MULTILINE))
-    assert extras == {"train", "train-gpu", "serve", "infra", "dev"}
+    assert extras == {"train", "train-gpu", "serve", "infra", "tracking-server", "dev"}
 
     imported = subprocess.run(
         [sys.executable, "-c", "import common.cli, common.ports, trainer.serving_contract as c; "

@@ -18,7 +18,9 @@ from typing import Callable
 import psutil
 import pytest
 from conftest import REPO_ROOT, epochs_logged, last_line, run_module
+from mlflow import MlflowClient
 
+from common.tracking_names import CHAMPION, PIPELINE_RUN_TAG, VERSION_TAG, embedded_uri
 from pipeline import local
 from pipeline.config import parse_config
 from pipeline.definition import StepKind, build_steps
@@ -114,6 +116,18 @@ def test_two_variants_one_under_parameter_servers_publish_version_1_serve_it_the
                      rf"-> ({label}) \(\d+\.\d%\)", first.stdout)
     assert (root / "models" / "fmnist" / "1" / "saved_model.pb").is_file()
     assert re.search(r"\] rollout: no canary$", first.stdout, re.MULTILINE)  # the first version
+    # MLflow's own API on the embedded store: a run per variant, selection's, version 1 the champion.
+    tracked = MlflowClient(tracking_uri=embedded_uri(str(root)))
+    runs = {run.info.run_name: run for run in tracked.search_runs(
+        [tracked.get_experiment_by_name("fmnist").experiment_id])}
+    assert set(runs) == {"cnn", "cnn_dropout", "select"}
+    assert runs["cnn"].data.params["strategy"] == "parameter-server"
+    assert runs["cnn_dropout"].data.params["strategy"] == "sync"
+    assert len({run.data.tags[PIPELINE_RUN_TAG] for run in runs.values()}) == 1  # one pipeline run
+    assert [m.step for m in tracked.get_metric_history(runs["cnn_dropout"].info.run_id, "loss")] == [1, 2]
+    compared = set(runs["select"].data.metrics)
+    assert {f"{name}.validation_accuracy" for name in ("cnn", "cnn_dropout", "ensemble")} <= compared
+    assert registered_aliases(tracked) == {CHAMPION: "1"}
 
     second = run_module("pipeline", *args)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
@@ -149,6 +163,17 @@ def test_two_variants_one_under_parameter_servers_publish_version_1_serve_it_the
     # Either way version 1 is served and version 2, if published, stays on disk.
     rollout = json.loads((root / "models" / "fmnist" / "rollout.json").read_text())
     assert rollout == {"stable": 1, "canary": None, "canaryPercent": 0}
+    # And MLflow says so: version 1 the champion, no challenger left (version 2 registered if published).
+    assert registered_aliases(tracked) == {CHAMPION: "1"}
+    versions = {v.tags[VERSION_TAG] for v in tracked.search_model_versions("name = 'fmnist'")}
+    assert versions == ({"1", "2"} if decision.group(1).startswith("published") else {"1"})
+
+
+def registered_aliases(tracked: MlflowClient) -> dict[str, str]:
+    """The registered model's aliases, each with our version number."""
+    model = tracked.get_registered_model("fmnist")
+    return {alias: tracked.get_model_version("fmnist", number).tags[VERSION_TAG]
+            for alias, number in model.aliases.items()}
 
 
 def test_a_killed_worker_restarts_the_step_which_resumes_and_completes(sample_dir, tmp_path):

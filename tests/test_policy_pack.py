@@ -100,6 +100,10 @@ def test_each_violation_is_reported():
         types.SimpleNamespace(resource_type=policies.BUCKET, name="open",
                               props={"versioning": {"enabled": False}}),
         types.SimpleNamespace(resource_type=policies.SERVICE_ACCOUNT_KEY, name="key", props={}),
+        types.SimpleNamespace(resource_type=policies.SQL_INSTANCE, name="public-db", props={
+            "settings": {"ipConfiguration": {"ipv4Enabled": True}}}),
+        types.SimpleNamespace(resource_type=policies.SQL_USER, name="admin",
+                              props={"type": "BUILT_IN", "password": "hunter2"}),
     ]
     found = reported(bad)
     assert found["no-cluster-admin"] == ["ClusterRoleBinding/admin binds cluster-admin"]
@@ -108,6 +112,11 @@ def test_each_violation_is_reported():
     assert len(found["requests-and-limits"]) == 2  # no requests, no limits
     assert len(found["private-buckets"]) == 3 and found["no-service-account-keys"] == [
         "key: a service account key; use Workload Identity"]
+    assert found["private-databases"] == [
+        "Cloud SQL instance public-db: it has a public address",
+        "Cloud SQL instance public-db: IAM database authentication is off",
+        "Cloud SQL instance public-db: direct connections are allowed",
+        "Cloud SQL user admin: a password user; use IAM authentication"]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from unittest import mock
 
 import pytest
 from conftest import REPO_ROOT, run_module
+from mlflow import MlflowClient
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from cluster_steps import inference_service as shape
@@ -22,12 +23,14 @@ from cluster_steps import kubernetes
 from cluster_steps import release as rollout
 from cluster_steps.inference_service import SERVING_HTTP_PORT, inference_service
 from common import cluster_names
+from common import tracking_names as names
 from common.cluster_target import ClusterTarget, gcs_storage
 from engines import ENGINES
 from pipeline import argo
 from pipeline.config import parse_config
 from serving import metrics
 from serving.canary import Evidence
+from trainer import tracking
 
 NAMESPACE = "dist-ml"
 OLD_URI, NEW_URI = "gs://bucket/releases/fmnist/2", "gs://bucket/releases/fmnist/3"
@@ -825,3 +828,27 @@ def test_the_cluster_reports_conflicts_and_missing_objects_in_the_modules_own_te
 
 def test_the_workflow_runs_this_module_by_the_name_the_shared_names_give() -> None:
     assert cluster_names.RELEASE_MODULE == rollout.__name__
+
+
+def test_the_rollout_steps_move_mlflows_aliases_to_what_is_served(tmp_path):
+    """On a cluster the serve and rollout steps keep `champion` on the stable InferenceService's version
+    and `challenger` on the canary's (trainer.tracking)."""
+    env = {names.TRACKING_URI_ENV: f"sqlite:///{tmp_path}/mlflow.db", names.ARTIFACT_ROOT_ENV: str(tmp_path)}
+    tracked = tracking.Tracking.from_environment("rollout", env)
+    for version in (2, 3):
+        tracking.register_version(tracked, "fmnist", version, f"gs://bucket/releases/fmnist/{version}",
+                                  None, [])
+    client = MlflowClient(tracking_uri=env[names.TRACKING_URI_ENV])
+
+    def aliases() -> dict[str, str]:
+        model = client.get_registered_model("fmnist")
+        return {alias: client.get_model_version("fmnist", number).tags[names.VERSION_TAG]
+                for alias, number in model.aliases.items()}
+
+    cluster = FakeKServe({"fmnist": manifest("2")})
+    run(cluster, *deploy_args("3", percent=25))
+    rollout.track_rollout(cluster, NAMESPACE, "fmnist", tracked)
+    assert aliases() == {names.CHAMPION: "2", names.CHALLENGER: "3"}
+    run(cluster, "promote", "--namespace", NAMESPACE, "--model-name", "fmnist")
+    rollout.track_rollout(cluster, NAMESPACE, "fmnist", tracked)
+    assert aliases() == {names.CHAMPION: "3"}

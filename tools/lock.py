@@ -29,7 +29,7 @@ DEV_LOCK = ROOT / "requirements.txt"
 LOCK_DIR = ROOT / "requirements"
 DEV_EXTRA = "dev"
 # Image -> the extras it installs (the image's Dockerfile installs requirements/<image>.txt).
-IMAGES = {"trainer": ("train",), "serving": ("serve",)}
+IMAGES = {"trainer": ("train",), "serving": ("serve",), "tracking-server": ("tracking-server",)}
 # Image -> (the image whose lock it extends, its extras): images that add what the dev lock leaves out.
 EXTENDED_IMAGES = {"trainer-gpu": ("trainer", ("train-gpu",))}
 IMAGE_PYTHON = (3, 11)  # python:3.11-slim

@@ -31,7 +31,7 @@ import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from common import cli
 from trainer.cluster import CHIEF, CLUSTER_ENV, PS, WORKER, LocalTask, local_tasks
@@ -105,15 +105,16 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[subpro
         return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT), start
 
 
-def _environment(task_env: dict[str, str]) -> dict[str, str]:
-    """This process's environment and the task's, without a cluster description of its own."""
+def _environment(task_env: dict[str, str], step_env: Mapping[str, str] = {}) -> dict[str, str]:
+    """This process's environment, the step's and the task's, without a cluster description of its own."""
     env = {key: value for key, value in os.environ.items() if key not in CLUSTER_ENV}
-    return {**env, **task_env, "PYTHONUNBUFFERED": "1"}
+    return {**env, **step_env, **task_env, "PYTHONUNBUFFERED": "1"}
 
 
 def start_replicas(argv: Sequence[str], replicas: int, log_dir: Path, distributed: bool,
-                   parameter_servers: int = 0) -> list[Worker]:
-    """`replicas` copies of `argv`, logging to DIR/worker-<i>.log (appended to, across restarts).
+                   parameter_servers: int = 0, step_env: Mapping[str, str] = {}) -> list[Worker]:
+    """`replicas` copies of `argv`, logging to DIR/worker-<i>.log (appended to, across restarts), each
+    with `step_env` in its environment (the engine's, such as where to track).
 
     Distributed replicas get a TrainJob pod's environment naming all of them (local_tasks); the others
     get none. With `parameter_servers`, the replicas are the workers beside a chief and that many ps
@@ -126,7 +127,7 @@ def start_replicas(argv: Sequence[str], replicas: int, log_dir: Path, distribute
         tasks = [LocalTask(WORKER, index, {}) for index in range(replicas)]
     workers = []
     for task in tasks:
-        env = _environment(task.env)
+        env = _environment(task.env, step_env)
         log_path = log_dir / f"{task.task_type}-{task.index}.log"
         process, log_start = _spawn(list(argv), env, log_path)
         workers.append(Worker(task.index, process, log_path, task.task_type, (list(argv), env),

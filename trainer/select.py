@@ -46,7 +46,8 @@ from typing import Sequence
 import numpy as np
 
 from common import cli
-from trainer import data, export, model_repository, report
+from common.tracking_names import RUN_ID_KEY
+from trainer import data, export, model_repository, report, tracking
 from trainer.atomic import COMMIT_MARKER, is_committed, write_whole
 from trainer.fashion_mnist import NUM_CLASSES, DatasetError, Split, load_split
 from trainer.model_repository import LAST_SELECTION_FILE, SELECTION_FILE
@@ -94,6 +95,35 @@ def candidate_name(export_dir: Path) -> str:
         return json.loads((export_dir / export.METRICS_FILE).read_text())["model"]
     except (OSError, ValueError, KeyError):
         return export_dir.name
+
+
+def training_run(export_dir: Path) -> str | None:
+    """The MLflow run the trainer recorded in the export's metrics.json, when it was tracked."""
+    try:
+        return json.loads((export_dir / export.METRICS_FILE).read_text()).get(RUN_ID_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def track(selection: dict, candidates: Sequence[Path], repo: Path, releases: Path | None,
+          releases_uri: str | None = None) -> None:
+    """Selection's run and the published version's registration in MLflow (trainer.tracking), where
+    the version is in our model repository: its release when there is one (what a cluster serves), as
+    `releases_uri` names the releases directory (a cluster's storage), else as a file URI."""
+    tracked = tracking.Tracking.from_environment("select")
+    if not tracked.on:
+        return
+    runs = {candidate_name(candidate): run for candidate in candidates if (run := training_run(candidate))}
+    version, name = selection["version"], selection["model_name"]
+    version_dir = repo / name / str(version)
+    source = None
+    if version is not None and releases_uri:
+        source = f"{releases_uri.rstrip('/')}/{name}/{version}"
+    elif version is not None:
+        local = model_repository.release_dir(releases, name, version) if releases else version_dir
+        source = local.resolve().as_uri()
+    artifacts = [version_dir / REPORT_FILE] if version is not None else []
+    tracking.track_selection(tracked, selection, runs, source, artifacts)
 
 
 def check_committed(candidates: Sequence[Path]) -> None:
@@ -326,6 +356,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-name", default="fmnist")
     parser.add_argument("--releases-dir", type=Path,
                         help="also publish the version as RELEASES/<model-name>/<N>/<N>/")
+    parser.add_argument("--releases-uri",
+                        help="the releases directory as the cluster names it (gs://BUCKET/releases, "
+                             "pvc://CLAIM/releases): where a registered version's source points")
     parser.add_argument("--published-version-file", type=Path,
                         help="write the version to serve here: the published one, or the served "
                              "one when the gate keeps it")
@@ -354,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.published_version_file is not None:
         write_published_version(args.published_version_file, version_to_serve(selection))
     print_table(selection, args.model_repo, args.releases_dir)
+    track(selection, args.candidates, args.model_repo, args.releases_dir, args.releases_uri)
 
 
 def run(argv: Sequence[str] | None = None) -> None:

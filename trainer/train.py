@@ -21,6 +21,7 @@ worker given GPUs (--gpus, from its pod's nvidia.com/gpu) that TensorFlow cannot
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -34,11 +35,12 @@ import tensorflow as tf
 import tf_keras as keras
 
 from common import cli, termination
-from trainer import data, devices, export, models, parameter_server
+from common.tracking_names import RUN_ID_KEY
+from trainer import data, devices, export, models, parameter_server, tracking
 from trainer.atomic import staged_directory
 from trainer.cluster import LOCAL, RPC_LAYER, ClusterConfigError, ClusterSpec, cluster_from_environment
 from trainer.devices import Gpu, GpuUnavailable
-from trainer.fashion_mnist import DatasetError, Split, load_split
+from trainer.fashion_mnist import DatasetError, Split, load_split, read_manifest
 
 DEFAULT_BATCH_SIZE_PER_REPLICA = 32
 # Adam's learning rate at REFERENCE_GLOBAL_BATCH; other global batches scale it (scaled_learning_rate).
@@ -139,6 +141,22 @@ class ProgressLogger(keras.callbacks.Callback):
         """Steady-state throughput: the first epoch of a run also traces and compiles."""
         timed = self.epoch_seconds[1:] or self.epoch_seconds
         return self.examples_per_epoch * len(timed) / sum(timed) if timed else 0.0
+
+
+class EpochTracking(keras.callbacks.Callback):
+    """Each epoch's figures into the chief's MLflow run (trainer.tracking), stepped by epoch number."""
+
+    def __init__(self, tracked: tracking.Tracking, run_id: str):
+        super().__init__()
+        self.tracked, self.run_id = tracked, run_id
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        figures = {name: value for name, value in (logs or {}).items() if isinstance(value, (int, float))}
+        figures["epoch_seconds"] = time.perf_counter() - self._started
+        self.tracked.log_metrics(self.run_id, figures, step=epoch + 1)
 
 
 def cluster_resolver(cluster: ClusterSpec) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
@@ -260,6 +278,24 @@ def recipe() -> dict:
             "label_smoothing": LABEL_SMOOTHING, "schedule": "cosine", "optimizer": "adam"}
 
 
+def tracked_parameters(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu], policy: str,
+                       global_batch: int, learning_rate: float, epochs: int, steps_per_epoch: int) -> dict:
+    """What this training was asked to do and the dataset it read, as its MLflow run's parameters."""
+    manifest = read_manifest(config.data_dir)
+    return {
+        "variant": config.model,
+        "strategy": "parameter-server" if cluster.uses_parameter_servers else "sync",
+        "workers": cluster.num_workers, "parameter_servers": cluster.num_parameter_servers,
+        "gpus": len(gpus), "batch_size_per_replica": config.batch_size_per_replica,
+        "global_batch_size": global_batch, "learning_rate": learning_rate,
+        "learning_rate_at_reference_batch": config.learning_rate, "precision": policy,
+        "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+        "dataset_source": manifest["source"],
+        "dataset_manifest_sha256": hashlib.sha256(json.dumps(manifest, sort_keys=True).encode())
+        .hexdigest(),
+    }
+
+
 def evaluate_export(export_dir: Path, split: Split) -> dict[str, float]:
     """Accuracy and loss of the exported SavedModel itself."""
     probabilities = export.predict_pixels(export_dir, split.images)
@@ -309,12 +345,17 @@ def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
     with strategy.scope():
         model = compiled_model(config.model, learning_rate, policy=policy)
     progress = ProgressLogger(cluster, epochs, steps_per_epoch * global_batch)
+    # The chief alone tracks; a restarted set or a retried step continues its run.
+    tracked = tracking.Tracking.from_environment("train") if cluster.is_chief else tracking.OFF
+    run_id = tracking.begin_training(tracked, config.model, config.checkpoint_dir, tracked_parameters(
+        config, cluster, gpus, policy, global_batch, learning_rate, epochs, steps_per_epoch))
     callbacks = [
         keras.callbacks.BackupAndRestore(backup_dir=str(config.checkpoint_dir / "backup")),
         keras.callbacks.LearningRateScheduler(cosine_schedule(learning_rate, epochs)),
         keras.callbacks.TensorBoard(log_dir=str(config.checkpoint_dir / "tensorboard"),
                                     profile_batch=0),
         progress,
+        *([EpochTracking(tracked, run_id)] if run_id else []),
     ]
     model.fit(training_input(cluster, train_split, global_batch, strategy), epochs=epochs,
               steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
@@ -335,10 +376,26 @@ def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
             "examples_per_second": progress.examples_per_second(),
             "wall_time_seconds": time.time() - started,
         }
+        if run_id:
+            metrics[RUN_ID_KEY] = run_id
         (export_dir / export.METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
         return metrics
 
     export_model(model, cluster, config.export_dir, write_metrics)
+    if run_id:
+        track_end(tracked, run_id, config)
+
+
+def track_end(tracked: tracking.Tracking, run_id: str, config: TrainConfig) -> None:
+    """The chief's run ends with what its export's metrics.json says, and that file."""
+    metrics_file = config.export_dir / export.METRICS_FILE
+    final = json.loads(metrics_file.read_text())
+    tracking.end_training(tracked, run_id, config.checkpoint_dir, {
+        "validation_accuracy": final["validation"]["accuracy"],
+        "validation_loss": final["validation"]["loss"],
+        "examples_per_second": final["examples_per_second"],
+        "wall_time_seconds": final["wall_time_seconds"],
+    }, [metrics_file])
 
 
 def claim_checkpoint_dir(checkpoint_dir: Path, model: str, cluster: ClusterSpec) -> None:

@@ -1,10 +1,11 @@
 """What differs between the clusters a stack can run on, behind one small interface.
 
-A cluster kind declares five things: the cluster and a Kubernetes provider bound to it, where the
+A cluster kind declares six things: the cluster and a Kubernetes provider bound to it, where the
 images come from, the storage every pipeline pod mounts, the identity through which pods use that
-storage (annotations on their service accounts), and the Gateway API implementation users reach the
-model through. Everything else — the platform, the pipeline,
-serving, monitoring — is composed once, the same way for every kind (stacks/compose.py).
+storage (annotations on their service accounts), the Gateway API implementation users reach the
+model through, and the tracking server's backend (its database and identity). Everything else — the
+platform, the pipeline, serving, tracking, monitoring — is composed once, the same way for every kind
+(stacks/compose.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pulumi_kubernetes as k8s
 
 from common.cluster_target import ClusterStorage, Images
 from infra.gateway import GatewayPlacement
+from infra.tracking import TrackingBackend
 from stacks.settings import StackConfig, StackSettings
 
 
@@ -52,6 +54,15 @@ class TrainingPlacement:
     gpus: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class TrackingPlacement:
+    """Where the tracking server keeps its runs and artifacts on this cluster, what must exist first,
+    and what lets its pods act as the identity that backend needs."""
+    backend: TrackingBackend
+    ready: list[pulumi.Resource] = dataclasses.field(default_factory=list)
+    account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
+
+
 class ClusterKind(abc.ABC):
     """One kind of cluster (k3d, GKE, ...), made from the parsed stack config."""
 
@@ -82,6 +93,10 @@ class ClusterKind(abc.ABC):
     @abc.abstractmethod
     def training_placement(self) -> TrainingPlacement:
         """Where training pods run, and what that pool holds for them."""
+
+    @abc.abstractmethod
+    def tracking(self, cluster: Cluster, service_account: str) -> TrackingPlacement:
+        """Declares the tracking server's backend, for pods running as `service_account`."""
 
     def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
         """Stack outputs of this kind beyond the ones every stack has."""

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from common.cluster_names import GATEWAY_NAME, canary_name, predictor_deployment_name
 from common.cluster_target import GPU_RESOURCE, PART_OF
+from infra.cloud_sql import DATABASE, TrackingDatabase, TrackingDatabaseArgs
 from infra.gateway import GatewayPlacement
 from infra.gcp_apis import GcpApis, GcpApisArgs
 from infra.gcs import GcsStorage, GcsStorageArgs
@@ -42,10 +43,11 @@ from infra.gke_endpoint import (
 from infra.gke_public_endpoint import PublicEndpoint, PublicEndpointArgs
 from infra.network import GkeNetwork, GkeNetworkArgs, region_of
 from infra.registry import RegistryImages, RegistryImagesArgs
+from infra.tracking import CloudSqlBackend
 from pipeline.config import Autoscaling, ScalingMetric
-from pipeline.validation import Section, Text, WholeNumber, fail, matching
-from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
-from stacks.settings import PROJECT, Flag, MonitoringConfig, StackServing, StackSettings, TrainingQuota
+from pipeline.validation import Flag, Section, Text, WholeNumber, fail, matching
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrackingPlacement, TrainingPlacement
+from stacks.settings import PROJECT, MonitoringConfig, StackServing, StackSettings, TrainingQuota
 
 # Google's rules: 6-30 characters, lowercase letters, digits and hyphens, a letter first, no hyphen last.
 GCP_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
@@ -393,8 +395,22 @@ class GkeKind(ClusterKind):
             checkpoint_retention_days=config.checkpoint_retention_days, namespace=self.config.namespace,
             workload_pool=self._cluster.workload_pool, kubernetes_service_accounts=users),
             opts=self._after_apis())
+        self._storage = storage
         return Storage(storage=storage.storage, ready=[storage],
                        account_annotations={WORKLOAD_IDENTITY_ANNOTATION: storage.service_account_email})
+
+    def tracking(self, cluster: Cluster, service_account: str) -> TrackingPlacement:
+        gcp, storage = self.config.cloud, self.config.storage
+        database = TrackingDatabase("tracking-database", TrackingDatabaseArgs(
+            project=gcp.project, region=gcp.region, name=f"{self.config.cluster.name}-mlflow",
+            network=self._network.network.id, bucket=storage.bucket_name, namespace=self.config.namespace,
+            kubernetes_service_account=service_account, workload_pool=self._cluster.workload_pool,
+            deletion_protection=self.config.cluster.deletion_protection),
+            opts=pulumi.ResourceOptions(depends_on=[self._apis, self._storage]))
+        backend = CloudSqlBackend(connection_name=database.connection_name, database_user=database.user,
+                                  database=DATABASE, artifacts=database.artifacts)
+        return TrackingPlacement(backend, ready=[database], account_annotations={
+            WORKLOAD_IDENTITY_ANNOTATION: database.service_account_email})
 
     def _after_apis(self) -> pulumi.ResourceOptions:
         """The options of a component of Google resources: it registers once the APIs are on, and its

@@ -22,8 +22,9 @@ from infra.k3d import (
     traefik_gateway_provider,
 )
 from infra.storage import PvcStorage, PvcStorageArgs
+from infra.tracking import VolumeBackend
 from pipeline.validation import DnsLabel, Quantity, Section, Text, WholeNumber, fail, matching
-from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrainingPlacement
+from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrackingPlacement, TrainingPlacement
 from stacks.settings import StackSettings, TrainingQuota
 
 K3S_IMAGE = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
@@ -140,6 +141,10 @@ class K3dKind(ClusterKind):
             namespace=self.config.namespace, size=config.size, access_mode=config.access_mode,
             storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace]))
         return Storage(storage=storage.storage, ready=[storage])
+
+    def tracking(self, cluster: Cluster, service_account: str) -> TrackingPlacement:
+        # SQLite and artifacts on a volume of the server's own, of the stack's storage class.
+        return TrackingPlacement(VolumeBackend(storage_class=self.config.storage.storage_class))
 
     def training_placement(self) -> TrainingPlacement:
         return TrainingPlacement(pool="k3d", quota=self.config.cluster.training_quota.as_quota())

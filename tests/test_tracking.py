@@ -1,0 +1,189 @@
+"""Experiment tracking (trainer.tracking, pipeline.local_tracking) against MLflow's own store: a
+training run continued when training resumes, selection's comparison and the registered version,
+aliases that follow the rollout, the local engine's choice of store, and a store that fails costing
+one warning line and nothing else."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from common import tracking_names as names
+from pipeline import local_canary, local_tracking
+from pipeline.config import ConfigError, load_config
+from trainer import model_repository, tracking
+from trainer.atomic import commit
+from trainer.model_repository import RolloutState
+
+MODEL = "fmnist"
+
+
+@pytest.fixture
+def store(tmp_path) -> dict[str, str]:
+    """An embedded store's environment, as the local engine gives its steps."""
+    config = load_config(None, {"storageRoot": str(tmp_path / "root")})
+    env = local_tracking.environment(config, "run-1", environ={})
+    local_tracking.prepare(env)
+    return env
+
+
+def client_of(env: dict[str, str]) -> MlflowClient:
+    return MlflowClient(tracking_uri=env[names.TRACKING_URI_ENV])
+
+
+def selection(version: int | None, winner: str = "cnn") -> dict:
+    return {"model_name": MODEL, "ranking": "validation accuracy", "validation_examples": 45,
+            "test_examples": 100, "winner": winner, "version": version,
+            "promotion": {"promoted": version is not None, "reason": "first version"},
+            "candidates": [{"name": name, "validation_accuracy": 0.8, "validation_loss": 0.5,
+                            "test_accuracy": 0.7, "test_loss": 0.6} for name in ("cnn", "cnn_gap")]}
+
+
+def publish(env: dict[str, str], repo: Path, version: int, run: str | None = None) -> None:
+    """What select leaves: a committed version, registered with its training run."""
+    version_dir = repo / MODEL / str(version)
+    version_dir.mkdir(parents=True)
+    commit(version_dir)
+    runs = {"cnn": run} if run else {}
+    tracking.track_selection(tracking.Tracking.from_environment("select", env), selection(version), runs,
+                             version_dir.as_uri(), [])
+
+
+def aliases(env: dict[str, str]) -> dict[str, str]:
+    """Alias -> our version number."""
+    model = client_of(env).get_registered_model(MODEL)
+    return {alias: client_of(env).get_model_version(MODEL, number).tags[names.VERSION_TAG]
+            for alias, number in model.aliases.items()}
+
+
+def test_a_training_run_is_continued_where_training_resumes_and_a_finished_one_is_not(store, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    first = tracking.begin_training(tracking.Tracking.from_environment("train", store), "cnn", checkpoints,
+                                    {"variant": "cnn", "epochs": 3})
+    tracked = tracking.Tracking.from_environment("train", store)
+    tracked.log_metrics(first, {"loss": 1.5}, step=1)
+    # The set restarted: the new chief finds the run in the checkpoint directory.
+    resumed = tracking.begin_training(tracked, "cnn", checkpoints, {"variant": "cnn", "epochs": 3})
+    assert resumed == first
+    assert client_of(store).get_run(first).info.status == tracking.RUNNING
+    tracked.log_metrics(first, {"loss": 1.0}, step=2)
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text("{}\n")
+    tracking.end_training(tracked, first, checkpoints, {"validation_accuracy": 0.8}, [metrics])
+    run = client_of(store).get_run(first)
+    assert run.info.status == tracking.FINISHED
+    assert run.data.params == {"variant": "cnn", "epochs": "3"}
+    assert run.data.tags[names.PIPELINE_RUN_TAG] == "run-1" and run.data.tags[names.VARIANT_TAG] == "cnn"
+    assert [m.value for m in client_of(store).get_metric_history(first, "loss")] == [1.5, 1.0]
+    assert [a.path for a in client_of(store).list_artifacts(first)] == ["metrics.json"]
+    # The next training in that directory is a run of its own, and so is one whose run the store lost.
+    second = tracking.begin_training(tracked, "cnn", checkpoints, {"variant": "cnn"})
+    assert second != first
+    (checkpoints / tracking.RUN_ID_FILE).write_text("0" * 32 + "\n")  # a run this store never had
+    third = tracking.begin_training(tracked, "cnn", checkpoints, {"variant": "cnn"})
+    assert third not in (first, second, None) and tracked.on
+
+
+def test_selection_is_a_run_and_the_published_version_is_registered_with_its_links(store, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setenv(names.TRACKING_URI_ENV, store[names.TRACKING_URI_ENV])  # for mlflow.search_runs
+    training = tracking.begin_training(tracking.Tracking.from_environment("train", store), "cnn",
+                                       tmp_path, {"variant": "cnn"})
+    publish(store, tmp_path / "models", 1, training)
+    (select_run,) = mlflow.search_runs(experiment_names=[MODEL], output_format="list",
+                                       filter_string=f"tags.`{names.STEP_TAG}` = 'select'")
+    assert select_run.data.params["winner"] == "cnn" and select_run.data.params["published_version"] == "1"
+    assert select_run.data.metrics["cnn_gap.test_accuracy"] == 0.7
+    assert select_run.data.tags[names.DECISION_TAG] == "first version"
+    (version,) = client_of(store).search_model_versions(f"name = '{MODEL}'")
+    assert version.run_id == training  # the winner's training run
+    assert version.tags[names.VERSION_TAG] == "1" and version.tags[names.TRAINING_RUNS_TAG] == training
+    assert version.source == (tmp_path / "models" / MODEL / "1").as_uri()
+    # A retried select registers nothing twice.
+    tracking.register_version(tracking.Tracking.from_environment("select", store), MODEL, 1,
+                              version.source, training, [training])
+    assert len(client_of(store).search_model_versions(f"name = '{MODEL}'")) == 1
+
+
+def test_the_aliases_follow_the_rollout_through_canary_promote_and_rollback(store, tmp_path):
+    repo = tmp_path / "models"
+    tracked = tracking.Tracking.from_environment("rollout", store)
+    base = repo / MODEL
+    publish(store, repo, 1)
+    local_canary.serve_state(base, RolloutState(1), tracked)
+    assert aliases(store) == {names.CHAMPION: "1"}
+    publish(store, repo, 2)
+    local_canary.serve_state(base, RolloutState(1, 2, 10), tracked)
+    assert aliases(store) == {names.CHAMPION: "1", names.CHALLENGER: "2"}
+    local_canary.by_hand(base, promote=True, tracked=tracked)
+    assert aliases(store) == {names.CHAMPION: "2"}
+    local_canary.by_hand(base, promote=False, tracked=tracked)  # back to the version before
+    assert aliases(store) == {names.CHAMPION: "1"}
+    assert model_repository.read_rollout(base) == RolloutState(1)
+
+
+def closed_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]
+
+
+def test_a_store_that_refuses_is_one_warning_and_the_step_goes_on(tmp_path, capsys, monkeypatch):
+    for variable in tracking.CLIENT_DEFAULTS:
+        monkeypatch.delenv(variable, raising=False)
+    env = {names.TRACKING_URI_ENV: f"http://127.0.0.1:{closed_port()}", names.EXPERIMENT_ENV: MODEL}
+    tracked = tracking.Tracking.from_environment("train", env)
+    started = time.monotonic()
+    assert tracking.begin_training(tracked, "cnn", tmp_path, {"variant": "cnn"}) is None
+    tracked.log_metrics("nothing", {"loss": 1.0})
+    tracking.follow_rollout(tracked, MODEL, 1, None)
+    assert time.monotonic() - started < tracking.REQUEST_TIMEOUT_SECONDS
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("train: warning: MLflow tracking is off for this step: "
+                              "starting run cnn failed: ")
+    assert not tracked.on and not (tmp_path / tracking.RUN_ID_FILE).exists()
+
+
+def test_without_a_store_nothing_is_tracked_or_imported_from_it(tmp_path, capsys):
+    tracked = tracking.Tracking.from_environment("train", {})
+    assert not tracked.on
+    assert tracking.begin_training(tracked, "cnn", tmp_path, {}) is None
+    assert capsys.readouterr().err == ""
+
+
+def test_the_local_engine_tracks_where_mlflow_users_expect(tmp_path):
+    config = load_config(None, {"storageRoot": str(tmp_path)})
+    embedded = local_tracking.environment(config, "run-1", environ={})
+    assert embedded[names.TRACKING_URI_ENV] == f"sqlite:///{tmp_path.resolve()}/mlflow/mlflow.db"
+    assert embedded[names.ARTIFACT_ROOT_ENV] == str(tmp_path.resolve() / "mlflow" / "artifacts")
+    assert embedded[names.EXPERIMENT_ENV] == MODEL and embedded[names.PIPELINE_RUN_ENV] == "run-1"
+    configured = load_config(None, {"storageRoot": str(tmp_path),
+                                    "tracking": {"uri": "http://mlflow.example:5000", "experiment": "x"}})
+    chosen = local_tracking.environment(configured, "run-1", environ={})
+    assert chosen[names.TRACKING_URI_ENV] == "http://mlflow.example:5000"
+    assert chosen[names.EXPERIMENT_ENV] == "x"
+    assert names.ARTIFACT_ROOT_ENV not in chosen  # the server's artifact root
+    users = local_tracking.environment(configured, "run-1",
+                                       environ={names.TRACKING_URI_ENV: "http://mine:5000"})
+    assert users[names.TRACKING_URI_ENV] == "http://mine:5000"
+    off = load_config(None, {"tracking": {"enabled": False}})
+    assert local_tracking.environment(off, "run-1", environ={names.TRACKING_URI_ENV: "http://mine:5000"}) == {
+        names.TRACKING_URI_ENV: ""}
+
+
+@pytest.mark.parametrize("uri, problem", [
+    ("ftp://mlflow.example", "is not http:// or https:// or sqlite:// or file://"),
+    ("http://", "names no host"),
+    ("sqlite://mlflow.db", "a SQLite store is sqlite:///<path>"),
+])
+def test_a_wrong_tracking_uri_is_an_error_naming_the_key(uri, problem):
+    key = r"^pipeline\.tracking\.uri: must be an MLflow tracking URI: "
+    with pytest.raises(ConfigError, match=key + f".*{re.escape(problem)}"):
+        load_config(None, {"tracking": {"uri": uri}})

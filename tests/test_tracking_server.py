@@ -1,0 +1,128 @@
+"""A real `mlflow server`, started as the stacks start it (the tracking-server image's lock, the
+arguments infra/tracking.py gives it) on loopback: the local engine trains and publishes through it and
+MLflow's own API finds the run, the comparison and the registered champion, with the artifacts the
+server proxies; requests naming a host the cluster's pods do not use are refused; and a tracking
+server that refuses connections costs each step one warning line and the run nothing else."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import mlflow
+import pytest
+import requests
+from conftest import run_module
+from mlflow import MlflowClient
+
+from common import tracking_names as names
+from infra.tracking import server_command
+from tools import virtualenvs
+
+pytestmark = pytest.mark.slow  # builds the server's virtualenv, starts it, trains
+
+NAMESPACE = "dist-ml"
+STARTED = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+START_SECONDS = 120
+FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8", "--epochs", "2",
+        "--variants", "cnn"]
+
+
+def loopback(args: list[str]) -> list[str]:
+    """The stacks' arguments, listening on a port of the kernel's choosing on loopback."""
+    values = dict(zip(args[::2], args[1::2]))
+    assert values["--host"] == "0.0.0.0" and values["--port"] == str(names.SERVER_PORT)
+    changed = list(args)
+    changed[changed.index("--host") + 1] = "127.0.0.1"
+    changed[changed.index("--port") + 1] = "0"
+    return changed
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """The server's URL (the port uvicorn reports having bound) and its artifact directory."""
+    mlflow_command = virtualenvs.image_python("tracking-server").parent / "mlflow"
+    data = tmp_path_factory.mktemp("tracking-server")
+    args = loopback(server_command(NAMESPACE, f"sqlite:///{data}/mlflow.db", str(data / "artifacts")))
+    process = subprocess.Popen([str(mlflow_command), "server", *args], cwd=data, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    port: list[int] = []
+    log: list[str] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            log.append(line)
+            if not port and (started := STARTED.search(line)):
+                port.append(int(started.group(1)))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while not port and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert port, "mlflow server did not start:\n" + "".join(log[-30:])
+        yield f"http://127.0.0.1:{port[0]}", data / "artifacts"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_local_engine_trains_and_publishes_through_the_server(server, sample_dir, tmp_path, monkeypatch):
+    url, artifacts = server
+    root = tmp_path / "root"
+    result = run_module("pipeline", "run", "--data-source", str(sample_dir), "--storage-root", str(root),
+                        *FAST, env={names.TRACKING_URI_ENV: url}, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "published: fmnist version 1" in result.stdout
+    assert not (root / names.EMBEDDED_DIR).exists()  # MLFLOW_TRACKING_URI won over the embedded store
+    monkeypatch.setenv(names.TRACKING_URI_ENV, url)
+    runs = {run.info.run_name: run for run in mlflow.search_runs(experiment_names=["fmnist"],
+                                                                  output_format="list")}
+    assert set(runs) == {"cnn", "select"}
+    training = runs["cnn"]
+    assert training.info.status == "FINISHED"
+    assert training.data.params["workers"] == "2" and training.data.params["global_batch_size"] == "16"
+    client = MlflowClient()
+    assert [metric.step for metric in client.get_metric_history(training.info.run_id, "loss")] == [1, 2]
+    # The server proxies artifacts: the training pod needed no rights on where they landed.
+    assert [artifact.path for artifact in client.list_artifacts(training.info.run_id)] == ["metrics.json"]
+    assert list(artifacts.rglob("metrics.json"))
+    champion = client.get_model_version_by_alias("fmnist", names.CHAMPION)
+    assert champion.tags[names.VERSION_TAG] == "1"
+    assert champion.tags[names.URI_TAG] == (root / "releases" / "fmnist" / "1").resolve().as_uri()
+    # A server takes a local path as a source only inside its run's artifacts: selection's run stands for it.
+    assert champion.source == f"runs:/{runs['select'].info.run_id}/selection.json"
+    assert champion.tags[names.TRAINING_RUNS_TAG] == training.info.run_id
+
+
+def test_only_the_hosts_the_clusters_pods_call_are_answered(server):
+    url, _ = server
+    search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
+    port = url.rsplit(":", 1)[1]
+    for host in (f"{names.SERVER_NAME}.{NAMESPACE}.svc:{names.SERVER_PORT}", f"localhost:{port}"):
+        assert requests.get(search, headers={"Host": host}, timeout=10).status_code == 200, host
+    assert requests.get(search, headers={"Host": "attacker.example:5000"}, timeout=10).status_code == 403
+
+
+def test_a_server_that_refuses_connections_costs_each_step_one_warning_and_nothing_else(sample_dir, tmp_path):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        refusing = f"http://127.0.0.1:{listener.getsockname()[1]}"  # bound, never listening: refused
+        root = tmp_path / "root"
+        result = run_module("pipeline", "run", "--data-source", str(sample_dir), "--storage-root", str(root),
+                            *FAST, env={names.TRACKING_URI_ENV: refusing}, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "published: fmnist version 1" in result.stdout
+    warning = re.compile(r"warning: MLflow tracking is off for this step: .* failed: ")
+    assert len(warning.findall(result.stderr)) == 1  # the pipeline's own (it opens the store first)
+    (logs,) = root.glob("logs/*")
+    chief = (logs / "train-cnn" / "worker-0.log").read_text()
+    assert len(warning.findall(chief)) == 1 and "exported" in chief
+    assert not warning.findall((logs / "train-cnn" / "worker-1.log").read_text())  # only the chief tracks
+    assert len(warning.findall((logs / "select" / "worker-0.log").read_text())) == 1

@@ -1,0 +1,270 @@
+"""Experiment tracking in MLflow: each variant's training is one run, selection one more, each published
+version a version of the registered model, whose aliases follow the rollout (`champion` the stable
+version, `challenger` a canary). MLflow records and links; the model repository stays what serving
+reads.
+
+The store is MLflow's own MLFLOW_TRACKING_URI (the local engine sets its embedded SQLite store unless
+the user set one; the stacks set their tracking server's); unset, nothing is tracked. The runs of one
+pipeline run share a tag (common.tracking_names.PIPELINE_RUN_TAG), which a UI filter finds.
+
+Tracking never stops training: the first call that fails is one warning line on stderr naming what it
+was doing, and after it this process tracks nothing more (metrics.json holds the figures either way).
+MLflow's client retries a failing request for minutes by default; here it fails within
+REQUEST_TIMEOUT_SECONDS, once.
+
+MLflow is imported by a process that tracks, when it starts to: its import takes seconds, which a
+command line or an untracked step would otherwise pay for nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
+from urllib.parse import urlsplit
+
+from common import tracking_names as names
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+# MLflow reads these when it first makes a request; a user's own values win.
+REQUEST_TIMEOUT_SECONDS = 10
+CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                   "MLFLOW_HTTP_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_SECONDS)}
+DEFAULT_EXPERIMENT = "dist-ml"  # without MLFLOW_EXPERIMENT_NAME (the engines set the config's)
+# MLflow's own INFO lines (a new store's tables, each migration) would be every step's noise.
+QUIET_LOGGERS = ("mlflow", "alembic")
+RUN_ID_FILE = "mlflow-run-id"  # in a variant's checkpoint directory while its training is unfinished
+FINISHED, RUNNING = "FINISHED", "RUNNING"
+
+Result = TypeVar("Result")
+
+
+def is_mlflow_error(error: Exception, *codes: str) -> bool:
+    """An MlflowException with one of `codes` (its error_code), without importing MLflow to ask."""
+    return getattr(error, "error_code", None) in codes
+
+
+class Tracking:
+    """One process's link to MLflow, or to nothing (`client` None). Every call goes through `attempt`."""
+
+    def __init__(self, who: str, client: MlflowClient | None, environ: Mapping[str, str] = os.environ):
+        self.who = who
+        self.client = client
+        self.pipeline_run = environ.get(names.PIPELINE_RUN_ENV)
+        self.experiment_name = environ.get(names.EXPERIMENT_ENV)
+        self.artifact_root = environ.get(names.ARTIFACT_ROOT_ENV)
+        self._experiment_id: str | None = None
+
+    @classmethod
+    def from_environment(cls, who: str, environ: Mapping[str, str] = os.environ) -> Tracking:
+        uri = environ.get(names.TRACKING_URI_ENV)
+        if not uri:
+            return cls(who, None, environ)
+        for key, value in CLIENT_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        for logger in QUIET_LOGGERS:
+            logging.getLogger(logger).setLevel(logging.WARNING)
+        from mlflow import MlflowClient  # noqa: PLC0415  (the module's docstring says why here)
+        return cls(who, MlflowClient(tracking_uri=uri), environ)
+
+    @property
+    def on(self) -> bool:
+        return self.client is not None
+
+    def attempt(self, what: str, call: Callable[[], Result]) -> Result | None:
+        """`call()`, or None when tracking is off or the call fails: then one warning, and off."""
+        if self.client is None:
+            return None
+        try:
+            return call()
+        except Exception as error:  # noqa: BLE001  (any failure of the store: tracking must not stop training)
+            first_line = (str(error).strip().splitlines() or [""])[0][:300]
+            print(f"{self.who}: warning: MLflow tracking is off for this step: {what} failed: "
+                  f"{type(error).__name__}: {first_line}", file=sys.stderr, flush=True)
+            self.client = None
+            return None
+
+    # Experiment and runs -----------------------------------------------------------------------------
+
+    def experiment_id(self) -> str:
+        """The experiment (MLFLOW_EXPERIMENT_NAME, else DEFAULT_EXPERIMENT), created on first use with
+        the artifact root the engine chose; a parallel step creating it first is no error."""
+        if self._experiment_id is None:
+            name = self.experiment_name or DEFAULT_EXPERIMENT
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                try:
+                    self._experiment_id = self.client.create_experiment(name, self.artifact_root)
+                except Exception:  # noqa: BLE001  (created meanwhile by another step: look again)
+                    experiment = self.client.get_experiment_by_name(name)
+                    if experiment is None:
+                        raise
+            if experiment is not None:
+                self._experiment_id = experiment.experiment_id
+        return self._experiment_id
+
+    def tags(self, step: str, extra: Mapping[str, str] = {}) -> dict[str, str]:
+        tags = {names.STEP_TAG: step, **extra}
+        if self.pipeline_run:
+            tags[names.PIPELINE_RUN_TAG] = self.pipeline_run
+        return tags
+
+    def start_run(self, run_name: str, tags: Mapping[str, str]) -> str | None:
+        return self.attempt(f"starting run {run_name}", lambda: self.client.create_run(
+            self.experiment_id(), run_name=run_name, tags=dict(tags)).info.run_id)
+
+    def resume_run(self, run_id: str) -> str | None:
+        """The run `run_id` marked running again; None when the store no longer has it."""
+        def resume() -> str | None:
+            try:
+                self.client.get_run(run_id)
+            except Exception as error:  # noqa: BLE001
+                if not is_mlflow_error(error, "RESOURCE_DOES_NOT_EXIST"):
+                    raise
+                return None
+            self.client.update_run(run_id, status=RUNNING)
+            return run_id
+        return self.attempt(f"resuming run {run_id}", resume)
+
+    def log_params(self, run_id: str, params: Mapping[str, object]) -> None:
+        from mlflow.entities import Param  # noqa: PLC0415
+        self.attempt("logging parameters", lambda: self.client.log_batch(
+            run_id, params=[Param(key, str(value)) for key, value in params.items()]))
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric  # noqa: PLC0415
+        now = int(time.time() * 1000)
+        self.attempt("logging metrics", lambda: self.client.log_batch(
+            run_id, metrics=[Metric(key, float(value), now, step) for key, value in metrics.items()]))
+
+    def log_artifacts(self, run_id: str, paths: Sequence[Path]) -> None:
+        for path in paths:
+            if path.exists():
+                self.attempt(f"uploading {path.name}",
+                             lambda path=path: self.client.log_artifact(run_id, str(path)))
+
+    def log_dict(self, run_id: str, value: dict, file_name: str) -> None:
+        self.attempt(f"uploading {file_name}", lambda: self.client.log_dict(run_id, value, file_name))
+
+    def finish(self, run_id: str, status: str = FINISHED) -> None:
+        self.attempt("ending the run", lambda: self.client.set_terminated(run_id, status))
+
+
+OFF = Tracking("untracked", None)
+
+
+# A variant's training ------------------------------------------------------------------------------
+
+def begin_training(tracking: Tracking, variant: str, checkpoint_dir: Path, params: Mapping[str, object]
+                   ) -> str | None:
+    """The run of `variant`'s training: the one its checkpoint directory names when training resumes
+    there (a restarted set, a retried step), else a new one with `params`."""
+    run_id_file = checkpoint_dir / RUN_ID_FILE
+    if run_id_file.is_file() and (run_id := tracking.resume_run(run_id_file.read_text().strip())):
+        return run_id
+    run_id = tracking.start_run(variant, tracking.tags("train", {names.VARIANT_TAG: variant}))
+    if run_id is not None:
+        tracking.log_params(run_id, params)
+        run_id_file.write_text(run_id + "\n")
+    return run_id
+
+
+def end_training(tracking: Tracking, run_id: str, checkpoint_dir: Path, metrics: Mapping[str, float],
+                 artifacts: Sequence[Path]) -> None:
+    """The run's final figures and files; the next training in this directory starts a new run."""
+    tracking.log_metrics(run_id, metrics)
+    tracking.log_artifacts(run_id, artifacts)
+    tracking.finish(run_id)
+    (checkpoint_dir / RUN_ID_FILE).unlink(missing_ok=True)
+
+
+# Selection, the registry and the rollout --------------------------------------------------------------
+
+def registered_versions(client: MlflowClient, model_name: str) -> dict[int, str]:
+    """Our version numbers -> MLflow's, for the versions registered under `model_name`."""
+    found = client.search_model_versions(f"name = '{model_name}'")
+    return {int(version.tags[names.VERSION_TAG]): version.version for version in found
+            if version.tags.get(names.VERSION_TAG, "").isdigit()}
+
+
+def register_version(tracking: Tracking, model_name: str, version: int, uri: str, run_id: str | None,
+                     training_runs: Sequence[str], selection_run: str | None = None) -> str | None:
+    """Our published `version` as a version of the registered model `model_name` (created if need be),
+    its source `uri` in our model repository, linked to the selection's run and the training runs it
+    came from; a retried step finds it registered already. MLflow's version number, or None."""
+    def register() -> str:
+        if (existing := registered_versions(tracking.client, model_name).get(version)) is not None:
+            return existing
+        try:
+            tracking.client.create_registered_model(model_name)
+        except Exception as error:  # noqa: BLE001
+            if not is_mlflow_error(error, "RESOURCE_ALREADY_EXISTS"):
+                raise
+        tags = {names.VERSION_TAG: str(version), names.URI_TAG: uri,
+                names.TRAINING_RUNS_TAG: ",".join(training_runs)}
+        source, linked = uri, run_id
+        if urlsplit(uri).scheme in ("", "file") and urlsplit(tracking.client.tracking_uri).scheme in (
+                "http", "https") and selection_run is not None:
+            # A tracking server refuses a local path as a source unless it lies in the linked run's
+            # artifacts (it would serve it): the selection run stands for it, the tag keeps the path.
+            source, linked = f"runs:/{selection_run}/selection.json", selection_run
+        return tracking.client.create_model_version(
+            model_name, source, run_id=linked, tags=tags,
+            description=f"dist-ml version {version} of {model_name}: {uri}").version
+    return tracking.attempt(f"registering version {version} of {model_name}", register)
+
+
+def follow_rollout(tracking: Tracking, model_name: str, stable: int, canary: int | None) -> None:
+    """The aliases as the rollout stands: `champion` on the stable version, `challenger` on the canary
+    (removed when there is none). A version published while tracking was off has no alias to take."""
+    def move() -> None:
+        registered = registered_versions(tracking.client, model_name)
+        if stable in registered:
+            tracking.client.set_registered_model_alias(model_name, names.CHAMPION, registered[stable])
+        if canary is not None and canary in registered:
+            tracking.client.set_registered_model_alias(model_name, names.CHALLENGER, registered[canary])
+        elif registered:
+            try:
+                tracking.client.delete_registered_model_alias(model_name, names.CHALLENGER)
+            except Exception as error:  # noqa: BLE001
+                if not is_mlflow_error(error, "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                    raise
+    tracking.attempt(f"moving model {model_name}'s aliases", move)
+
+
+def track_selection(tracking: Tracking, selection: dict, runs: Mapping[str, str], source_uri: str | None,
+                    artifacts: Sequence[Path]) -> None:
+    """Selection as one run: every candidate's validation and test figures, the ensemble's, the
+    decision and why; a published version registered, linked to the runs it came from (`runs`: each
+    tracked candidate's training run)."""
+    run_id = tracking.start_run("select", tracking.tags("select"))
+    if run_id is None:
+        return
+    promotion = selection["promotion"]
+    tracking.log_params(run_id, {
+        "candidates": ",".join(candidate["name"] for candidate in selection["candidates"]),
+        "ranking": selection["ranking"], "winner": selection["winner"],
+        "promoted": promotion["promoted"], "published_version": selection["version"],
+        "validation_examples": selection["validation_examples"], "test_examples": selection["test_examples"],
+    })
+    tracking.attempt("tagging the decision", lambda: tracking.client.set_tag(
+        run_id, names.DECISION_TAG, promotion["reason"]))
+    tracking.log_metrics(run_id, {f"{candidate['name']}.{figure}": candidate[figure]
+                                  for candidate in selection["candidates"]
+                                  for figure in ("validation_accuracy", "validation_loss",
+                                                 "test_accuracy", "test_loss")})
+    tracking.log_dict(run_id, selection, "selection.json")
+    tracking.log_artifacts(run_id, artifacts)
+    if selection["version"] is not None and source_uri is not None:
+        winner = selection["winner"]
+        members = next((c.get("members", []) for c in selection["candidates"] if c["name"] == winner), [])
+        came_from = [runs[name] for name in (members or [winner]) if name in runs]
+        linked = runs.get(winner, run_id)  # a single variant's training run; an ensemble's selection
+        register_version(tracking, selection["model_name"], selection["version"], source_uri, linked,
+                         came_from, run_id)
+    tracking.finish(run_id)
