@@ -518,8 +518,8 @@ def track_rollout(cluster: RolloutApi, namespace: str, model_name: str, tracked:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    cluster = ReleaseApi()
     try:
+        cluster = ReleaseApi()
         run_command(cluster, args)
         model_name = args.manifest["metadata"]["name"] if args.command == "deploy" else args.model_name
         track_rollout(cluster, args.namespace, model_name, tracking.Tracking.from_environment("rollout"))

@@ -33,6 +33,8 @@ DECISION_TAG = "dist_ml.decision"  # on selection's run: why it published or kep
 VERSION_TAG = "dist_ml.version"  # our model repository's version number, on an MLflow model version
 URI_TAG = "dist_ml.uri"  # where that version is in our model repository
 TRAINING_RUNS_TAG = "dist_ml.training_runs"  # the MLflow runs a published version was trained in
+# MLflow's UI opens an experiment of this kind on its runs (model training), not on GenAI traces.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 CHAMPION = "champion"  # the stable version: what serving answers with
 CHALLENGER = "challenger"  # a canary beside it, until promoted or rolled back
 RUN_ID_KEY = "mlflow_run_id"  # a training run's id in its export's metrics.json, for selection's links

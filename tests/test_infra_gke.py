@@ -668,3 +668,38 @@ def test_the_pr_check_runs_the_tests_then_previews_the_gke_stack():
     assert settings["command"] == "preview" and settings["stack-name"] == "gke"
     assert settings["comment-on-pr"] is True and settings["cloud-url"] == "${{ secrets.PULUMI_BACKEND_URL }}"
     assert not any("credentials_json" in json.dumps(step) for step in steps)  # no key, federation only
+
+
+def test_the_tracking_server_reaches_cloud_sql_privately_as_its_own_identity_without_a_password(gke_stack):
+    """infra/cloud_sql.py and infra/tracking.py as declared; Cloud SQL itself cannot run here."""
+    (instance,) = gke_stack.of_type(policies.SQL_INSTANCE)
+    settings = instance.inputs["settings"]
+    assert settings["ipConfiguration"]["ipv4Enabled"] is False
+    assert settings["ipConfiguration"]["privateNetwork"] == "network-network-id"
+    assert settings["connectorEnforcement"] == "REQUIRED"
+    assert {"name": "cloudsql.iam_authentication", "value": "on"} in settings["databaseFlags"]
+    assert "tracking-database-peering" in instance.depends_on  # private services access exists first
+    (user,) = gke_stack.of_type(policies.SQL_USER)
+    assert user.inputs["type"] == "CLOUD_IAM_SERVICE_ACCOUNT" and "password" not in user.inputs
+    assert user.inputs["name"] == f"dist-ml-mlflow@{PROJECT}.iam"
+    assert user.inputs["databaseRoles"] == ["cloudsqlsuperuser"]  # MLflow creates its own tables
+    assert policies.private_databases(gke_stack.resources) == []
+    (server,) = [d for d in objects_of(gke_stack, "Deployment") if d["metadata"]["name"] == SERVER_NAME]
+    pod = server["spec"]["template"]["spec"]
+    (proxy,) = pod["initContainers"]
+    assert proxy["restartPolicy"] == "Always"  # a native sidecar: up before the server, down after
+    assert {"--private-ip", "--auto-iam-authn"} <= set(proxy["args"])
+    (mlflow,) = pod["containers"]
+    args = {flag: mlflow["args"][i + 1] for i, flag in enumerate(mlflow["args"][:-1])
+            if flag.startswith("--")}
+    assert args["--backend-store-uri"] == (
+        f"postgresql://dist-ml-mlflow%40{PROJECT}.iam@127.0.0.1:5432/mlflow")  # no password in it
+    assert args["--artifacts-destination"] == f"gs://{PROJECT}-dist-ml/mlflow"
+    accounts = {o["metadata"]["name"]: o for o in objects_of(gke_stack, "ServiceAccount")}
+    assert accounts["dist-ml-mlflow"]["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == (
+        f"dist-ml-mlflow@{PROJECT}.iam.gserviceaccount.com")
+    (service,) = [s for s in objects_of(gke_stack, "Service") if s["metadata"]["name"] == SERVER_NAME]
+    assert service["spec"]["type"] == "ClusterIP"
+    (template,) = objects_of(gke_stack, "WorkflowTemplate")
+    select = next(t for t in template["spec"]["templates"] if t["name"] == "select")["container"]
+    assert {"name": "MLFLOW_TRACKING_URI", "value": "http://mlflow.dist-ml.svc:5000"} in select["env"]

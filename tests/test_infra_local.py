@@ -211,3 +211,21 @@ def test_render_writes_one_file_per_object_and_a_summary(tmp_path):
     assert "oci://ghcr.io/kserve/charts/kserve-resources" in summary and "v0.20.0" in summary
     assert "kubeconfig: [secret]" in summary
     assert "apiVersion: v1\nkind: Config" not in summary
+
+
+def test_the_tracking_server_keeps_sqlite_on_a_volume_of_its_own_one_writer_at_a_time(default_stack):
+    (server,) = [d for d in objects_of(default_stack, "Deployment") if d["metadata"]["name"] == "mlflow"]
+    assert server["spec"]["replicas"] == 1 and server["spec"]["strategy"] == {"type": "Recreate"}
+    (container,) = server["spec"]["template"]["spec"]["containers"]
+    args = {flag: container["args"][i + 1] for i, flag in enumerate(container["args"][:-1])
+            if flag.startswith("--")}
+    assert args["--backend-store-uri"] == "sqlite:////mlflow/mlflow.db"
+    claims = {c["metadata"]["name"]: c for c in objects_of(default_stack, "PersistentVolumeClaim")}
+    assert claims["mlflow"]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    (policy,) = objects_of(default_stack, "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dist-ml"}}}]
+    off = render.render("local", stack_values(pipeline={"tracking": {"enabled": False}}))
+    assert not [d for d in objects_of(off, "Deployment") if d["metadata"]["name"] == "mlflow"]
+    (template,) = objects_of(off, "WorkflowTemplate")
+    assert "MLFLOW_TRACKING_URI" not in str(template)

@@ -79,6 +79,8 @@ def test_a_training_run_is_continued_where_training_resumes_and_a_finished_one_i
     tracking.end_training(tracked, first, checkpoints, {"validation_accuracy": 0.8}, [metrics])
     run = client_of(store).get_run(first)
     assert run.info.status == tracking.FINISHED
+    experiment = client_of(store).get_experiment(run.info.experiment_id)
+    assert experiment.tags[names.EXPERIMENT_KIND_TAG] == names.MODEL_TRAINING_KIND  # the UI opens its runs
     assert run.data.params == {"variant": "cnn", "epochs": "3"}
     assert run.data.tags[names.PIPELINE_RUN_TAG] == "run-1" and run.data.tags[names.VARIANT_TAG] == "cnn"
     assert [m.value for m in client_of(store).get_metric_history(first, "loss")] == [1.5, 1.0]

@@ -35,11 +35,10 @@ FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", 
 
 def loopback(args: list[str]) -> list[str]:
     """The stacks' arguments, listening on a port of the kernel's choosing on loopback."""
-    values = dict(zip(args[::2], args[1::2]))
-    assert values["--host"] == "0.0.0.0" and values["--port"] == str(names.SERVER_PORT)
     changed = list(args)
-    changed[changed.index("--host") + 1] = "127.0.0.1"
-    changed[changed.index("--port") + 1] = "0"
+    host, port = changed.index("--host") + 1, changed.index("--port") + 1
+    assert (changed[host], changed[port]) == ("0.0.0.0", str(names.SERVER_PORT))
+    changed[host], changed[port] = "127.0.0.1", "0"
     return changed
 
 

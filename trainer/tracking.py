@@ -99,7 +99,8 @@ class Tracking:
             experiment = self.client.get_experiment_by_name(name)
             if experiment is None:
                 try:
-                    self._experiment_id = self.client.create_experiment(name, self.artifact_root)
+                    self._experiment_id = self.client.create_experiment(
+                        name, self.artifact_root, tags={names.EXPERIMENT_KIND_TAG: names.MODEL_TRAINING_KIND})
                 except Exception:  # noqa: BLE001  (created meanwhile by another step: look again)
                     experiment = self.client.get_experiment_by_name(name)
                     if experiment is None:

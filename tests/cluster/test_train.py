@@ -15,9 +15,16 @@ from stack_checks import stack_values, train_steps
 from tier_helpers import NAMESPACE, by_index, delete_all, end, running_pods, train_step, trainjob
 
 from common.cluster_names import WORKFLOW_TEMPLATE_NAME
+from common.tracking_names import EXPERIMENT_ENV, PIPELINE_RUN_ENV, TRACKING_URI_ENV, server_uri
 from engines.trainjob import JOBSET_NAME_LABEL, PS_COMMAND, RUNTIME_NAME, TRAINING_QUEUE, USAGE_ERROR_EXIT
 from stacks import render
-from trainer.cluster import LOCAL_ADDRESSES_ENV, cluster_from_environment, local_tasks
+from trainer.cluster import (
+    LOCAL_ADDRESSES_ENV,
+    NODE_JOB,
+    REPLICATED_JOB_ENV,
+    cluster_from_environment,
+    local_tasks,
+)
 
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 NODES = 2  # Pulumi.local.yaml's pipeline.workers
@@ -30,6 +37,9 @@ FAIL_FAST_SECONDS = 60
 def no_trainjob_left(tier):
     yield
     delete_all(tier.api, TRAINJOB_API, "TrainJob", JOBSET_NAME_LABEL)
+
+
+TRACKING_ENV = (TRACKING_URI_ENV, EXPERIMENT_ENV, PIPELINE_RUN_ENV)
 
 
 def resolved_env(pod: dict, container: str) -> dict[str, str]:
@@ -90,7 +100,14 @@ def test_a_trainjob_runs_whole_on_the_runtime_and_the_step_succeeds_when_it_comp
 
 def assert_one_cluster_as_local_processes_get(environments: list[dict], jobset: str, parameter_servers: int):
     """Every pod builds the same cluster of JobSet's hostnames, each pod its own task; and trainer.launch
-    gives its local processes exactly these environments (and where each hostname listens here)."""
+    gives its local processes exactly these environments (and where each hostname listens here). The
+    trainer's pods also carry where to track (the workflow's pipeline run, the stack's MLflow server),
+    as the local engine gives each step's processes its store."""
+    tracked = [{key: env.pop(key) for key in TRACKING_ENV if key in env} for env in environments]
+    trainers = [where for where, env in zip(tracked, environments) if env[REPLICATED_JOB_ENV] == NODE_JOB]
+    assert len({json.dumps(where, sort_keys=True) for where in trainers}) == 1, trainers
+    assert trainers[0][TRACKING_URI_ENV] == server_uri(NAMESPACE)
+    assert "{{" not in trainers[0][PIPELINE_RUN_ENV]  # the workflow's name, as Argo substitutes it
     specs = [cluster_from_environment(env) for env in environments]
     assert len({json.dumps(spec.cluster, sort_keys=True) for spec in specs}) == 1
     assert len({(spec.task_type, spec.task_index) for spec in specs}) == len(specs)

@@ -179,19 +179,31 @@ def k3d_nodes(cluster_name: str) -> list[dict]:
     ]
 
 
-def k3s_local_path(claim: dict, node_name: str, directory: Path) -> list[dict]:
-    """k3s's local-path StorageClass, and the volume its provisioner would make for `claim` on the node
-    (a host directory, the node's only), made here ahead of the claim, bound to it by name."""
-    storage_class = {
+def k3s_local_path(claims: list[dict], node_name: str, directory: Path) -> list[dict]:
+    """k3s's local-path StorageClass, and the volume its provisioner would make for each of `claims` on
+    the node (a host directory under `directory`, the node's only), made here ahead of the claim, bound
+    to it by name."""
+    classes = {claim["spec"]["storageClassName"] for claim in claims}
+    if len(classes) != 1:
+        raise ValueError(f"the k3d stack's claims name one storage class, k3s's, not {sorted(classes)}")
+    volumes = [local_path_volume(claim, node_name, directory / claim["metadata"]["name"]) for claim in claims]
+    return [local_path_class(classes.pop()), *volumes]
+
+
+def local_path_class(name: str) -> dict:
+    return {
         "apiVersion": "storage.k8s.io/v1",
         "kind": "StorageClass",
-        "metadata": {"name": claim["spec"]["storageClassName"]},
+        "metadata": {"name": name},
         "provisioner": "rancher.io/local-path",
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "WaitForFirstConsumer",
     }
+
+
+def local_path_volume(claim: dict, node_name: str, directory: Path) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
-    volume = {
+    return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": f"pvc-{claim['metadata']['name']}"},
@@ -215,4 +227,3 @@ def k3s_local_path(claim: dict, node_name: str, directory: Path) -> list[dict]:
             },
         },
     }
-    return [storage_class, volume]

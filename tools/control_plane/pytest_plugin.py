@@ -61,8 +61,8 @@ def local_stack_objects(tier: Tier, local_render) -> list[dict]:
     volume its provisioner would give the stack's claim."""
     rendered, _ = local_render
     objects, _ = stacks.served(tier.api, stacks.in_dependency_order(rendered))
-    (claim,) = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]
-    tier.api.apply_all(nodes.k3s_local_path(claim, tier.node_name, tier.directory / "storage"))
+    claims = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]  # the pipeline's, MLflow's
+    tier.api.apply_all(nodes.k3s_local_path(claims, tier.node_name, tier.directory / "storage"))
     tier.api.apply_all(objects)
     return objects
 
