@@ -133,11 +133,15 @@ class Tracking:
         return self.attempt(f"resuming run {run_id}", resume)
 
     def log_params(self, run_id: str, params: Mapping[str, object]) -> None:
+        if not self.on:
+            return
         from mlflow.entities import Param  # noqa: PLC0415
         self.attempt("logging parameters", lambda: self.client.log_batch(
             run_id, params=[Param(key, str(value)) for key, value in params.items()]))
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        if not self.on:
+            return
         from mlflow.entities import Metric  # noqa: PLC0415
         now = int(time.time() * 1000)
         self.attempt("logging metrics", lambda: self.client.log_batch(
