@@ -703,3 +703,10 @@ def test_the_tracking_server_reaches_cloud_sql_privately_as_its_own_identity_wit
     (template,) = objects_of(gke_stack, "WorkflowTemplate")
     select = next(t for t in template["spec"]["templates"] if t["name"] == "select")["container"]
     assert {"name": "MLFLOW_TRACKING_URI", "value": "http://mlflow.dist-ml.svc:5000"} in select["env"]
+
+
+def test_the_deploy_guide_lists_every_api_the_stack_enables():
+    """The guide's table is written by hand: a new API fails here until it has its row."""
+    guide = (REPO_ROOT / "docs" / "guides" / "deploy-gke.md").read_text()
+    listed = set(re.findall(r"^\| [^|]*\(`([a-z]+\.googleapis\.com)`\) \|", guide, re.MULTILINE))
+    assert listed == set(GCP_APIS)
