@@ -113,11 +113,20 @@ def described(found: dict) -> str:
 class TrainingEngine(abc.ABC):
     """One way of training a variant on a cluster; `pipeline.engine` names it (engines/__init__.py)."""
 
+    @property
+    def step_calls(self) -> tuple[ApiCall, ...]:
+        """Every call the train step makes for this engine (the workflow's Role grants exactly these)."""
+        job = self.job_resource
+        own_job = tuple((job.group, job.plural, verb) for verb in ("get", "create", "delete"))
+        return (*own_job, ("", "pods", "list"), *self.extra_step_calls)
+
     name: ClassVar[str]  # pipeline.engine's value
     job_resource: ClassVar[CustomResource]  # what a train step creates
     succeeded: ClassVar[str]  # the job's condition that ends it well
     pod_label: ClassVar[str]  # the label that names the job on its pods
-    step_calls: ClassVar[tuple[ApiCall, ...]]  # every call the train step makes for it
+    # The calls the train step makes for this engine beyond the ones it makes for every engine (its
+    # job's get, create and delete, its pods' list): step_calls is all of them.
+    extra_step_calls: ClassVar[tuple[ApiCall, ...]] = ()
     # The stack keys (section -> field names of stacks/settings.py's models) that set this engine's
     # pieces: set on a stack of another engine, they would do nothing, so they are errors there.
     stack_keys: ClassVar[dict[str, tuple[str, ...]]]

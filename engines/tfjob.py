@@ -105,12 +105,6 @@ class TFJobEngine(TrainingEngine):
     job_resource = TFJOB
     succeeded = "Succeeded"
     pod_label = TFJOB_NAME_LABEL
-    step_calls = (
-        (TFJOB.group, TFJOB.plural, "get"),
-        (TFJOB.group, TFJOB.plural, "create"),
-        (TFJOB.group, TFJOB.plural, "delete"),
-        ("", "pods", "list"),
-    )
     stack_keys = {"platform": ("training_operator_version",)}
 
     def job(self, spec: TrainingSpec, target: ClusterTarget) -> dict:

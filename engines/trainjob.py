@@ -432,11 +432,7 @@ class TrainJobEngine(TrainingEngine):
     job_resource = TRAINJOB
     succeeded = "Complete"
     pod_label = JOBSET_NAME_LABEL
-    step_calls = (
-        (TRAINJOB.group, TRAINJOB.plural, "get"),
-        (TRAINJOB.group, TRAINJOB.plural, "create"),
-        (TRAINJOB.group, TRAINJOB.plural, "delete"),
-        ("", "pods", "list"),
+    extra_step_calls = (
         (WORKLOAD.group, WORKLOAD.plural, "list"),  # why Kueue holds it
         ("", "events", "list"),  # the controllers' refusals
     )

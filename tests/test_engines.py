@@ -115,12 +115,6 @@ class ToyEngine(TrainingEngine):
     job_resource = TOY
     succeeded = "Done"
     pod_label = "toy.example.com/job"
-    step_calls = (
-        (TOY.group, TOY.plural, "get"),
-        (TOY.group, TOY.plural, "create"),
-        (TOY.group, TOY.plural, "delete"),
-        ("", "pods", "list"),
-    )
     stack_keys = {}
 
     def job(self, spec: TrainingSpec, target: ClusterTarget) -> dict:

@@ -144,18 +144,16 @@ class ProgressLogger(keras.callbacks.Callback):
 
 
 class EpochTracking(keras.callbacks.Callback):
-    """Each epoch's figures into the chief's MLflow run (trainer.tracking), stepped by epoch number."""
+    """Each epoch's figures into the chief's MLflow run (trainer.tracking), stepped by epoch number, with
+    the epoch's time as `progress` (placed before this callback) measured it."""
 
-    def __init__(self, tracked: tracking.Tracking, run_id: str):
+    def __init__(self, tracked: tracking.Tracking, run_id: str, progress: ProgressLogger):
         super().__init__()
-        self.tracked, self.run_id = tracked, run_id
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._started = time.perf_counter()
+        self.tracked, self.run_id, self.progress = tracked, run_id, progress
 
     def on_epoch_end(self, epoch, logs=None):
         figures = {name: value for name, value in (logs or {}).items() if isinstance(value, (int, float))}
-        figures["epoch_seconds"] = time.perf_counter() - self._started
+        figures["epoch_seconds"] = self.progress.epoch_seconds[-1]
         self.tracked.log_metrics(self.run_id, figures, step=epoch + 1)
 
 
@@ -355,7 +353,7 @@ def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
         keras.callbacks.TensorBoard(log_dir=str(config.checkpoint_dir / "tensorboard"),
                                     profile_batch=0),
         progress,
-        *([EpochTracking(tracked, run_id)] if run_id else []),
+        *([EpochTracking(tracked, run_id, progress)] if run_id else []),
     ]
     model.fit(training_input(cluster, train_split, global_batch, strategy), epochs=epochs,
               steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
