@@ -11,7 +11,7 @@ import copy
 import pytest
 from conftest import REPO_ROOT
 from stack_checks import embedded, stack_values, template_of
-from tier_helpers import NAMESPACE, Step, delete_all, submitted_step
+from tier_helpers import NAMESPACE, delete_all, serve_step
 
 from common.cluster_names import ISVC_LABEL, ISVC_METRIC_LABEL, canary_name, predictor_deployment_name
 from infra.monitoring import prometheus_url
@@ -23,7 +23,6 @@ ISVC_API = "serving.kserve.io/v1beta1"
 SCALED_OBJECT_API = "keda.sh/v1alpha1"
 STACK_FILES = {"local": REPO_ROOT / "Pulumi.local.yaml", "gke": REPO_ROOT / "Pulumi.gke.yaml"}
 METRICS = ("inflight", "rps", "cpu", "memory")
-ROLLOUT_SECONDS = 180
 
 
 def rendered_with(stack: str, metric: str, **pipeline: str) -> render.Rendered:
@@ -150,14 +149,7 @@ def test_a_predictor_scaled_on_load_gets_a_scaled_object_of_its_own_that_kedas_w
     model = f"fmnist-{metric}"
     rendered = rendered_with("local", metric, modelName=model)
     for version in ("1", "2"):  # the stable version, then a canary beside it
-        module, args = submitted_step(
-            rendered,
-            "serve",
-            version,
-            version_file=str(tmp_path / "version"),
-            timeout_seconds=str(ROLLOUT_SECONDS),
-        )
-        step = Step(module, workflow, *args)
+        step = serve_step(workflow, rendered, version, tmp_path / "version")
         assert step.wait() == 0, step.output
     for name in (model, canary_name(model)):
         scaled = tier.api.get(SCALED_OBJECT_API, "ScaledObject", predictor_deployment_name(name), NAMESPACE)

@@ -9,9 +9,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from tier_helpers import NAMESPACE, Step, delete_all, submitted_step
+from tier_helpers import NAMESPACE, ROLLOUT_SECONDS, Step, delete_all, serve_step
 
-from common.cluster_names import ISVC_LABEL, canary_name, predictor_deployment_name, route_name
+from common.cluster_names import (
+    ISVC_LABEL,
+    RELEASE_MODULE,
+    canary_name,
+    predictor_deployment_name,
+    route_name,
+)
 from common.cluster_target import pvc_storage
 from pipeline.argo import release_uri
 from tools.control_plane.nodes import CRASH_LOOP_ANNOTATION
@@ -19,7 +25,6 @@ from tools.control_plane.nodes import CRASH_LOOP_ANNOTATION
 ISVC_API = "serving.kserve.io/v1beta1"
 ROUTE_API = "gateway.networking.k8s.io/v1"
 MODEL = "fmnist"  # Pulumi.local.yaml's pipeline.modelName
-ROLLOUT_SECONDS = 180
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,16 +35,9 @@ def no_inference_service_left(tier):
 
 def release(workflow, rendered, tmp_path, version: str, *action: str) -> Step:
     """The serve step of `version` (action empty), or `release <action>` as an operator runs it."""
-    module, args = submitted_step(
-        rendered,
-        "serve",
-        version,
-        version_file=str(tmp_path / "deployed-version"),
-        timeout_seconds=str(ROLLOUT_SECONDS),
-    )
     if action:
-        args = [*action, "--namespace", NAMESPACE, "--model-name", MODEL]
-    return Step(module, workflow, *args)
+        return Step(RELEASE_MODULE, workflow, *action, "--namespace", NAMESPACE, "--model-name", MODEL)
+    return serve_step(workflow, rendered, version, tmp_path / "deployed-version")
 
 
 def route_weights(tier) -> dict[str, int]:

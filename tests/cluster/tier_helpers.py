@@ -25,6 +25,7 @@ NAMESPACE = "dist-ml"  # Pulumi.local.yaml's
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 POD_WAIT_SECONDS = 90.0
 STEP_TIMEOUT_SECONDS = 300
+ROLLOUT_SECONDS = 180  # the serve step's wait for one InferenceService
 
 
 def trainjob(rendered: render.Rendered, name: str, step: str = "train-cnn") -> dict:
@@ -95,6 +96,14 @@ def submitted_step(
     for flag, value in replaced.items():
         args[args.index("--" + flag.replace("_", "-")) + 1] = value
     return command[command.index("-m") + 1], args
+
+
+def serve_step(kubeconfig: Path, rendered: render.Rendered, version: str, version_file: Path) -> Step:
+    """The workflow's serve step of the published `version`, as a run submits it, as the workflow's
+    account."""
+    module, args = submitted_step(rendered, "serve", version, version_file=str(version_file),
+                                  timeout_seconds=str(ROLLOUT_SECONDS))
+    return Step(module, kubeconfig, *args)
 
 
 def train_step(kubeconfig: Path, manifest: dict, timeout_seconds: int = STEP_TIMEOUT_SECONDS) -> Step:
