@@ -1,0 +1,382 @@
+"""The images the control-plane tier's node runs, built on this machine with buildah (no Docker engine,
+no registry) and exported as archives that containerd loads (`ctr -n k8s.io images import`):
+
+- a STAND-IN for python:3.11-slim, which no registry here serves: Debian bookworm's own Python 3.11
+  (python3, python3-pip, python-is-python3, passwd for useradd, ca-certificates), laid out by
+  mmdebstrap from this machine's apt sources, with Debian's EXTERNALLY-MANAGED marker removed so pip
+  installs into it as into python:3.11-slim. The project's images are built on it, not on the
+  image the stacks build on;
+- the project's images (infra.images.BASE_IMAGES) from their own Dockerfiles, on the stand-in
+  (--build-arg BASE_IMAGE), named as the rendered stack names them (infra.images.image_ref), fully
+  qualified as the kubelet asks for them (dist-ml/trainer:<tag> is docker.io/dist-ml/trainer:<tag>);
+- the sandboxes' pause image: Kubernetes' own build/pause/linux/pause.c from the k8s.io/kubernetes
+  module the tier builds, compiled with its Makefile's flags, in its own Dockerfile, named as upstream
+  names it (registry.k8s.io/pause:<its Makefile's TAG>);
+- the helper image of rancher/local-path-provisioner's helper pods (its deploy manifest's
+  helperPod.yaml runs docker.io/library/busybox): Debian's busybox-static and its applets' links.
+
+    python -m tools.control_plane.images [IMAGE ...]   # all, or those named: trainer, pause, busybox, ...
+
+It runs outside the tier's namespaces: pip needs PyPI in the Dockerfiles' RUN steps (--network host).
+Caches are outside the clone: buildah's storage (its layer cache, --layers) and, under
+~/.cache/dist-ml/images, the archives, each reused while its image's ID is unchanged. A warm run
+builds every layer from the cache and exports nothing. Prints a line per image.
+
+Under CI=true a missing buildah, mmdebstrap, gcc, busybox-static or an unreachable PyPI fails, naming
+it; elsewhere it says so and exits 0, and the caller skips (tools.control_plane.build.Unavailable).
+Standard library only, besides the project's own image names (infra.images, in the dev venv).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from infra.images import BASE_IMAGES, image_ref
+from tools.control_plane import build, components
+from tools.control_plane.build import ROOT, BuildError, Unavailable, in_ci
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-ml" / "images"
+ARCHIVES = CACHE / "archives"
+BUILDAH_TIMEOUT_SECONDS = 3600
+# Every build: the layer cache, and no working container left behind by a failed one.
+BUILD = ("build", "--layers", "--force-rm")
+
+STANDIN = "localhost/dist-ml/python-standin:3.11"
+DEBIAN_SUITE = "bookworm"  # its python3 is 3.11, python:3.11-slim's
+STANDIN_PACKAGES = ("python3", "python3-pip", "python-is-python3", "passwd", "ca-certificates")
+# Debian's PEP 668 marker: without it pip installs system-wide, as in python:3.11-slim.
+EXTERNALLY_MANAGED = "usr/lib/python3.11/EXTERNALLY-MANAGED"
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+# Labelled on the stand-in: a change of its recipe (packages, suite, sources) builds it again.
+RECIPE_LABEL = "dist-ml.recipe"
+STANDIN_CONTAINERFILE = """\
+FROM scratch
+ADD rootfs.tar /
+ENV LANG=C.UTF-8
+CMD ["python3"]
+"""
+
+PAUSE_REPOSITORY = "registry.k8s.io/pause"
+PAUSE_DIR = "build/pause"  # in the k8s.io/kubernetes module: Makefile, Dockerfile, linux/pause.c
+
+# rancher/local-path-provisioner's deploy/local-path-storage.yaml (and its chart's helperImage):
+# its helper pods run docker.io/library/busybox, untagged, so :latest.
+HELPER_IMAGE = "docker.io/library/busybox:latest"
+BUSYBOX = Path("/bin/busybox")
+BUSYBOX_PACKAGE = "busybox-static"  # Debian's busybox is linked dynamically: not for a scratch image
+HELPER_CONTAINERFILE = """\
+FROM scratch
+COPY rootfs/ /
+CMD ["sh"]
+"""
+
+PYPI = "https://pypi.org/simple/"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # Debian's, this machine's and the stand-in's
+DEFAULT_REGISTRY = "docker.io"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeImage:
+    """An image as the node's containerd gets it."""
+
+    name: str  # fully qualified, as the kubelet asks for it
+    archive: Path  # `ctr -n k8s.io images import` loads it under `name`
+
+
+def qualified(ref: str) -> str:
+    """`ref` as containerd and the kubelet name it: Docker's normalization (no registry host: docker.io;
+    no repository path: library/)."""
+    first, _, rest = ref.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return f"{DEFAULT_REGISTRY}/{ref}" if rest else f"{DEFAULT_REGISTRY}/library/{ref}"
+
+
+def require(program: str, why: str) -> str:
+    found = shutil.which(program)
+    if found is None:
+        raise Unavailable(f"{program} is not on PATH ({why})")
+    return found
+
+
+def check_pypi() -> None:
+    index = os.environ.get("PIP_INDEX_URL", PYPI)
+    try:
+        urllib.request.urlopen(index, timeout=20).close()
+    except (urllib.error.URLError, TimeoutError) as error:
+        raise Unavailable(f"PyPI ({index}) cannot be reached, and the images' pip install needs it: {error}")
+
+
+def run(*argv: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=BUILDAH_TIMEOUT_SECONDS)
+    if done.returncode != 0:
+        raise BuildError(f"{' '.join(argv)}: {build.last_lines(done.stderr.strip() or done.stdout.strip())}")
+    return done.stdout
+
+
+def buildah(*args: str) -> str:
+    return run(require("buildah", "it builds the tier's images"), *args)
+
+
+def image_config(name: str) -> dict | None:
+    """buildah's record of the image `name` (its ID under FromImageID), or None if there is none."""
+    found = subprocess.run(["buildah", "inspect", "--type", "image", name], capture_output=True, text=True)
+    return json.loads(found.stdout) if found.returncode == 0 else None
+
+
+def image_id(name: str) -> str | None:
+    config = image_config(name)
+    return config["FromImageID"] if config else None
+
+
+def built(name: str, build_image, say) -> None:
+    """Runs `build_image()` and says how long it took and whether it left the image as it was."""
+    before, started = image_id(name), time.monotonic()
+    build_image()
+    cached = " (cached)" if image_id(name) == before else ""
+    say(f"images: {name} ready in {time.monotonic() - started:.0f} s{cached}")
+
+
+# --- The stand-in base -------------------------------------------------------------------------------
+
+def apt_sources(places: tuple[Path, ...] = APT_SOURCES) -> list[Path]:
+    """This machine's apt source files that name Debian's DEBIAN_SUITE (one-line or deb822)."""
+    files = []
+    for place in places:
+        if place.is_file():
+            files.append(place)
+        elif place.is_dir():
+            files += sorted(path for path in place.iterdir() if path.suffix in (".list", ".sources"))
+    return [path for path in files if DEBIAN_SUITE in source_suites(path.read_text())]
+
+
+def source_suites(text: str) -> set[str]:
+    suites = set()
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("Suites:"):
+            suites.update(line.removeprefix("Suites:").split())
+        elif line.startswith(("deb ", "deb-src ")):
+            fields = re.sub(r"\[[^]]*\]", "", line).split()
+            if len(fields) >= 3:
+                suites.add(fields[2])
+    return suites
+
+
+def mmdebstrap_argv(target: Path, sources: list[Path]) -> list[str]:
+    """mmdebstrap's command for the stand-in's root filesystem; with no sources of this machine's for
+    the suite, mmdebstrap's own default (deb.debian.org, with updates and security)."""
+    return [
+        "mmdebstrap", "--variant=minbase", f"--include={','.join(STANDIN_PACKAGES)}",
+        f"--customize-hook=rm -f \"$1\"/{EXTERNALLY_MANAGED}",
+        DEBIAN_SUITE, str(target), *(str(path) for path in sources),
+    ]
+
+
+def standin_recipe(sources: list[Path]) -> str:
+    recipe = [mmdebstrap_argv(Path("rootfs.tar"), []), STANDIN_CONTAINERFILE,
+              *(path.read_text() for path in sources)]
+    return hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16]
+
+
+def build_standin() -> None:
+    sources = apt_sources()
+    recipe = standin_recipe(sources)
+    config = image_config(STANDIN)
+    if config and (config["OCIv1"]["config"].get("Labels") or {}).get(RECIPE_LABEL) == recipe:
+        return
+    require("mmdebstrap", "it lays out the stand-in Python base from Debian's packages")
+    directory = CACHE / "python-standin"
+    directory.mkdir(parents=True, exist_ok=True)
+    rootfs = directory / "rootfs.tar"
+    run(*mmdebstrap_argv(rootfs, sources))
+    (directory / "Containerfile").write_text(STANDIN_CONTAINERFILE)
+    try:
+        buildah("build", "--label", f"{RECIPE_LABEL}={recipe}", "-t", STANDIN, "-f",
+                str(directory / "Containerfile"), str(directory))
+    finally:
+        rootfs.unlink(missing_ok=True)  # the image holds it
+
+
+# --- The project's images ----------------------------------------------------------------------------
+
+def project_build_argv(image: str, name: str, ca_bundle: Path = CA_BUNDLE) -> list[str]:
+    """buildah's command for the project image `image`, named `name`: its own Dockerfile on the
+    stand-in, the repository as the context, the layer cache, and the host's network for pip. The RUN
+    steps trust what this machine trusts: its CA bundle (Debian's pip reads that path) is mounted over
+    the image's while they run, and is not in the image; a proxy that inspects TLS on the way to PyPI
+    signs with a CA only the machine has."""
+    trust = ["--volume", f"{ca_bundle}:{ca_bundle}:ro"] if ca_bundle.is_file() else []
+    return [
+        *BUILD, "--network", "host", *trust, "--build-arg", f"BASE_IMAGE={STANDIN}",
+        "-f", str(ROOT / image / "Dockerfile"), "-t", name, str(ROOT),
+    ]
+
+
+def build_project(image: str, name: str) -> None:
+    buildah(*project_build_argv(image, name))
+
+
+# --- The pause image ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PauseSource:
+    directory: Path  # build/pause of the k8s.io/kubernetes module
+    tag: str  # its Makefile's TAG: the image's tag upstream
+    cflags: tuple[str, ...]  # its Makefile's CFLAGS, with TAG and REV
+
+
+def pause_source(module_dir: Path, kubernetes_version: str) -> PauseSource:
+    """Upstream's pause build, read from its Makefile. Its REV (`git describe --contains` of the
+    release's commit) is the release tag, since the module is that release's tree."""
+    directory = module_dir / PAUSE_DIR
+    makefile = directory / "Makefile"
+    if not (directory / "linux" / "pause.c").is_file() or not makefile.is_file():
+        raise BuildError(
+            f"k8s.io/kubernetes {kubernetes_version} has no {PAUSE_DIR}/linux/pause.c and Makefile")
+    text = makefile.read_text()
+    tag = re.search(r"^TAG \?= (\S+)$", text, re.MULTILINE)
+    cflags = re.search(r"^CFLAGS = (.+)$", text, re.MULTILINE)
+    if not tag or not cflags:
+        raise BuildError(
+            f"{makefile} no longer sets TAG and CFLAGS as tools/control_plane/images.py reads them")
+    flags = cflags.group(1).replace("$(TAG)", tag.group(1)).replace("$(REV)", kubernetes_version)
+    return PauseSource(directory, tag.group(1), tuple(flags.split()))
+
+
+def pause_name(source: PauseSource) -> str:
+    return f"{PAUSE_REPOSITORY}:{source.tag}"
+
+
+def kubernetes_source() -> tuple[Path, str]:
+    version = build.served_version(build.KUBERNETES, components.pins().kubernetes)
+    return Path(build.download(build.KUBERNETES, version)["Dir"]), version
+
+
+def build_pause(source: PauseSource) -> None:
+    """pause.c compiled (statically, upstream's flags, stripped) into the context upstream's Dockerfile
+    takes, bin/pause-linux-<arch>, then that Dockerfile on scratch, as its Makefile builds it."""
+    gcc = require("gcc", "it compiles Kubernetes' pause.c for the sandboxes' pause image")
+    arch = build.go("env", "GOARCH").strip()
+    context = CACHE / "pause"
+    binary = context / "bin" / f"pause-linux-{arch}"
+    stamp = binary.with_suffix(".flags")
+    source_file = source.directory / "linux" / "pause.c"
+    recipe = json.dumps([source.cflags, hashlib.sha256(source_file.read_bytes()).hexdigest()])
+    if not binary.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        run(gcc, *source.cflags, "-o", str(binary), str(source_file))
+        run("strip", str(binary))
+        stamp.write_text(recipe)
+    buildah(*BUILD, "--build-arg", "BASE=scratch", "--build-arg", f"ARCH={arch}",
+            "-f", str(source.directory / "Dockerfile"), "-t", pause_name(source), str(context))
+
+
+# --- The local-path helper image -----------------------------------------------------------------------
+
+def build_helper() -> None:
+    """A scratch image of busybox-static and a link per applet (busybox --list) in /bin."""
+    installed = subprocess.run(["dpkg-query", "-W", "-f=${Status}", BUSYBOX_PACKAGE], capture_output=True,
+                               text=True).stdout
+    if installed != "install ok installed" or not BUSYBOX.is_file():
+        raise Unavailable(f"Debian's {BUSYBOX_PACKAGE} is not installed (apt-get install {BUSYBOX_PACKAGE}): "
+                          f"the local-path helper image is its {BUSYBOX}")
+    context = CACHE / "busybox"
+    bin_dir = context / "rootfs" / "bin"
+    if bin_dir.exists():
+        shutil.rmtree(bin_dir)
+    bin_dir.mkdir(parents=True)
+    shutil.copy2(BUSYBOX, bin_dir / "busybox")
+    for applet in run(str(BUSYBOX), "--list").split():
+        if applet != "busybox":
+            (bin_dir / applet).symlink_to("busybox")
+    (context / "Containerfile").write_text(HELPER_CONTAINERFILE)
+    buildah(*BUILD, "-t", HELPER_IMAGE, "-f", str(context / "Containerfile"), str(context))
+
+
+# --- Export and the whole ----------------------------------------------------------------------------
+
+def archive_path(name: str) -> Path:
+    return ARCHIVES / (re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".tar")
+
+
+def export(name: str) -> Path:
+    """`name` as a docker-archive carrying its name, reused while the image's ID is the one it was made
+    from."""
+    archive, identity = archive_path(name), image_id(name)
+    stamp = archive.with_suffix(".id")
+    if archive.is_file() and stamp.is_file() and stamp.read_text() == identity:
+        return archive
+    ARCHIVES.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    buildah("push", "--quiet", name, f"docker-archive:{partial}:{name}")
+    partial.replace(archive)
+    stamp.write_text(identity or "")
+    return archive
+
+
+def image_names(pause: PauseSource) -> dict[str, str]:
+    """Each image's short name (what `python -m tools.control_plane.images IMAGE` takes) -> its name, in
+    the order a pod needs them: the sandbox's pause, the volume's helper, then the project's."""
+    return {
+        "pause": pause_name(pause),
+        "busybox": HELPER_IMAGE,
+        **{image: qualified(image_ref(image)) for image in BASE_IMAGES},
+    }
+
+
+def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
+    """Builds and exports the node's images (all, or those `only` names), each with the name the kubelet
+    asks for and its archive. Raises Unavailable for what this machine lacks, BuildError for a build
+    that failed."""
+    require("buildah", "it builds the tier's images")
+    module_dir, version = kubernetes_source()
+    pause = pause_source(module_dir, version)
+    names = image_names(pause)
+    unknown = sorted(set(only) - set(names))
+    if unknown:
+        raise BuildError(f"no such image: {', '.join(unknown)} (the images: {', '.join(names)})")
+    chosen = [key for key in names if not only or key in only]
+    if any(key in BASE_IMAGES for key in chosen):
+        check_pypi()
+        built(STANDIN, build_standin, say)
+    makers = {"pause": lambda: build_pause(pause), "busybox": build_helper}
+    exported = []
+    for key in chosen:
+        name = names[key]
+        built(name, makers.get(key) or functools.partial(build_project, key, name), say)
+        exported.append(NodeImage(name, export(name)))
+    return exported
+
+
+def main(argv: list[str]) -> int:
+    started = time.monotonic()
+    try:
+        exported = build_images(tuple(argv))
+    except Unavailable as missing:
+        print(f"images: cannot build the tier's images: {missing}", file=sys.stderr)
+        return 1 if in_ci() else 0
+    except (BuildError, components.PinError) as error:
+        print(f"images: {error}", file=sys.stderr)
+        return 1
+    for image in exported:
+        print(f"images: {image.name} -> {image.archive}")
+    print(f"images: {len(exported)} images ready in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
