@@ -120,6 +120,20 @@ def test_without_buildah_it_says_so_and_fails_only_under_ci(monkeypatch, capsys,
     assert "buildah is not on PATH" in capsys.readouterr().err
 
 
+def test_an_unreachable_debian_mirror_is_unavailable_not_a_build_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(images, "CACHE", tmp_path)
+    monkeypatch.setattr(images, "image_config", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda program: f"/usr/bin/{program}")
+
+    def unreachable(*argv, cwd=None):
+        raise build.BuildError("mmdebstrap: E: Failed to fetch http://deb.debian.org/debian/dists/bookworm/"
+                               "InRelease  Temporary failure resolving 'deb.debian.org'")
+
+    monkeypatch.setattr(images, "run", unreachable)
+    with pytest.raises(build.Unavailable, match="Debian's mirror cannot be reached"):
+        images.build_standin()
+
+
 # --- What a build left (slow: runs containers) ---------------------------------------------------------
 
 def built_image(name: str) -> dict:

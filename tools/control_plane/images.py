@@ -22,8 +22,9 @@ Caches are outside the clone: buildah's storage (its layer cache, --layers) and,
 ~/.cache/dist-ml/images, the archives, each reused while its image's ID is unchanged. A warm run
 builds every layer from the cache and exports nothing. Prints a line per image.
 
-Under CI=true a missing buildah, mmdebstrap, gcc, busybox-static or an unreachable PyPI fails, naming
-it; elsewhere it says so and exits 0, and the caller skips (tools.control_plane.build.Unavailable).
+Under CI=true a missing buildah, mmdebstrap, gcc, busybox-static or an unreachable PyPI or Debian
+mirror fails, naming it; elsewhere it says so and exits 0, and the caller skips
+(tools.control_plane.build.Unavailable).
 Standard library only, besides the project's own image names (infra.images, in the dev venv).
 """
 
@@ -61,6 +62,9 @@ EXTERNALLY_MANAGED = "usr/lib/python3.11/EXTERNALLY-MANAGED"
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 # Labelled on the stand-in: a change of its recipe (packages, suite, sources) builds it again.
 RECIPE_LABEL = "dist-ml.recipe"
+# apt's words, through mmdebstrap, for a mirror it cannot reach.
+APT_UNREACHABLE = re.compile(r"Temporary failure resolving|Could not resolve|Could not connect|"
+                             r"Connection timed out|Network is unreachable")
 STANDIN_CONTAINERFILE = """\
 FROM scratch
 ADD rootfs.tar /
@@ -201,7 +205,12 @@ def build_standin() -> None:
     directory = CACHE / "python-standin"
     directory.mkdir(parents=True, exist_ok=True)
     rootfs = directory / "rootfs.tar"
-    run(*mmdebstrap_argv(rootfs, sources))
+    try:
+        run(*mmdebstrap_argv(rootfs, sources))
+    except BuildError as error:
+        if APT_UNREACHABLE.search(str(error)):
+            raise Unavailable(f"Debian's mirror cannot be reached (mmdebstrap): {error}") from error
+        raise
     (directory / "Containerfile").write_text(STANDIN_CONTAINERFILE)
     try:
         buildah("build", "--label", f"{RECIPE_LABEL}={recipe}", "-t", STANDIN, "-f",
