@@ -34,6 +34,7 @@ IMAGE_INPUTS = {
 # What every stack builds.
 BASE_IMAGES = ("trainer", "serving", TRACKING_SERVER_IMAGE)
 IMAGE_REPOSITORY = "dist-ml/{image}"
+BASE_IMAGE_ARG = "BASE_IMAGE"  # every Dockerfile's base (default python:3.11-slim)
 
 
 def content_tag(paths: tuple[str, ...], root: Path = REPO_ROOT) -> str:
@@ -56,12 +57,16 @@ class LocalImagesArgs:
     cluster_name: str
     cluster: pulumi.Resource  # the images are imported into it once it exists
     cluster_id: pulumi.Input[str]  # a new cluster has none of the images: they are imported again
+    base_image: str | None = None  # the Dockerfiles' BASE_IMAGE; None: their default, python:3.11-slim
 
 
 def image_build(name: str, image: str, tags: list[str], opts: pulumi.ResourceOptions,
-                **settings: object) -> docker_build.Image:
-    """A BuildKit build of `image`'s Dockerfile with the repository as its context. Not on preview: a
-    PR check's `pulumi preview` would build TensorFlow images to show a digest."""
+                base_image: str | None = None, **settings: object) -> docker_build.Image:
+    """A BuildKit build of `image`'s Dockerfile with the repository as its context, on `base_image`
+    when one is named (else the Dockerfile's own). Not on preview: a PR check's `pulumi preview` would
+    build TensorFlow images to show a digest."""
+    if base_image is not None:
+        settings["build_args"] = {BASE_IMAGE_ARG: base_image}
     return docker_build.Image(
         name, context={"location": str(REPO_ROOT)},
         dockerfile={"location": str(REPO_ROOT / image / "Dockerfile")}, tags=tags, build_on_preview=False,
@@ -80,8 +85,8 @@ class LocalImages(pulumi.ComponentResource):
         refs = {image: image_ref(image) for image in BASE_IMAGES}
         self.imported = []
         for image, ref in refs.items():
-            build = image_build(f"{name}-{image}-build", image, [ref],
-                                pulumi.ResourceOptions(parent=self), push=False, load=True)
+            build = image_build(f"{name}-{image}-build", image, [ref], pulumi.ResourceOptions(parent=self),
+                                args.base_image, push=False, load=True)
             self.imported.append(local.Command(
                 f"{name}-{image}",
                 create=shlex.join(["k3d", "image", "import", ref, "--cluster", args.cluster_name]),

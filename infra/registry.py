@@ -32,6 +32,7 @@ class RegistryImagesArgs:
     project: str
     region: str
     gpu_training: bool = False  # training pods are given GPUs: build the GPU trainer image too
+    base_image: str | None = None  # the Dockerfiles' BASE_IMAGE; None: their default, python:3.11-slim
 
 
 class RegistryImages(pulumi.ComponentResource):
@@ -54,7 +55,8 @@ class RegistryImages(pulumi.ComponentResource):
             tag = f"{host}/{args.project}/{REPOSITORY_ID}/{image}:{content_tag(IMAGE_INPUTS[image])}"
             pushed = image_build(f"{name}-{image}", image, [tag],
                                  pulumi.ResourceOptions(parent=self, depends_on=[repository]),
-                                 platforms=[IMAGE_PLATFORM], push=True, registries=[registry])
+                                 args.base_image, platforms=[IMAGE_PLATFORM], push=True,
+                                 registries=[registry])
             refs[image] = pushed.ref  # the tag with the pushed digest: <tag>@sha256:...
         self.images = pulumi.Output.all(**refs).apply(lambda pushed: Images(
             trainer=pushed["trainer"], serving=pushed["serving"], trainer_gpu=pushed.get(GPU_TRAINER_IMAGE),

@@ -64,7 +64,7 @@ def _stack_config(settings: StackSettings) -> StackConfig:
     return StackConfig(namespace=settings.namespace, cluster=cluster, platform=settings.platform,
                        storage=storage, monitoring=settings.monitoring,
                        pipeline=PipelineConfig.of(settings.pipeline, serving),
-                       run_on_up=settings.pipeline.run_on_up, cloud=cloud)
+                       run_on_up=settings.pipeline.run_on_up, cloud=cloud, images=settings.images)
 
 
 def _stack_error(error: ValidationError, raw: Mapping[str, Any]) -> ConfigError:

@@ -34,6 +34,8 @@ PROJECT = "dist-ml"
 ReleaseTag = matching(r"^v[0-9]+\.[0-9]+\.[0-9]+$", "a release tag like v1.2.3")
 ArgoRelease = matching(SUPPORTED_ARGO_VERSION.pattern, "an Argo Workflows release v3.x.y or v4.x.y")
 ChartVersion = matching(r"^[0-9]+\.[0-9]+\.[0-9]+$", "a chart version like 80.4.1")
+ImageReference = matching(r"^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(@sha256:[0-9a-f]{64})?$",
+                          "an image reference like mirror.example/library/python:3.11-slim")
 
 
 # --- Sections every stack has -----------------------------------------------------------------------
@@ -52,6 +54,13 @@ class PlatformConfig(Section):
     keda_version: ChartVersion = Field(
         "2.18.0", description="KEDA chart (kedacore/keda; what KServe v0.20 pins), installed when "
                               "serving.autoscaling.metric is inflight or rps")
+
+
+class ImagesConfig(Section):
+    """The `images` section: how the stack builds the project's images."""
+    base_image: ImageReference | None = Field(
+        None, description="the images' base, for a builder without Docker Hub: a mirror's copy of "
+                          "python:3.11-slim (default: python:3.11-slim, the Dockerfiles' BASE_IMAGE)")
 
 
 class MonitoringConfig(Section):
@@ -110,6 +119,7 @@ class StackSettings(PipelineSections):
     namespace: DnsLabel = Field(
         "dist-ml", description="where the pipeline, its storage and the model server live")
     platform: PlatformConfig = Field(PlatformConfig(), description="the platform's versions")
+    images: ImagesConfig = Field(ImagesConfig(), description="how the project's images are built")
     monitoring: MonitoringConfig = Field(
         MonitoringConfig(), description="Prometheus, Grafana and the dashboard")
     pipeline: StackPipeline = Field(
@@ -215,6 +225,7 @@ class StackConfig:
     pipeline: PipelineConfig
     run_on_up: bool
     cloud: Any = None  # the cloud provider's settings, for a kind that has them (GcpConfig on gke)
+    images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
 
     @property
     def cluster_kind(self) -> str:

@@ -172,6 +172,7 @@ BAD_STACK_CONFIG = [
     ({"platform": {"kserveVersion": "0.20"}}, "platform.kserveVersion: must be a release tag"),
     ({"cluster": {"k3sImage": "rancher/k3s:latest"}}, "cluster.k3sImage: must be a rancher/k3s image"),
     ({"cluster": {"kind": None}}, "cluster.kind: is required"),
+    ({"images": {"baseImage": "Python 3.11"}}, "images.baseImage: must be an image reference"),
     ({"storage": {"accessMode": "ReadOnlyMany"}}, "storage.accessMode: must be one of"),
     ({"serving": {"runtime": "tensorflow"}},
      "pipeline.rollout.canaryPercent: must be 0 with serving.runtime tensorflow: TF Serving serves no"),
@@ -229,3 +230,14 @@ def test_the_tracking_server_keeps_sqlite_on_a_volume_of_its_own_one_writer_at_a
     assert not [d for d in objects_of(off, "Deployment") if d["metadata"]["name"] == "mlflow"]
     (template,) = objects_of(off, "WorkflowTemplate")
     assert "MLFLOW_TRACKING_URI" not in str(template)
+
+
+def test_the_images_are_built_on_the_configured_base_else_on_their_dockerfiles_own(default_stack):
+    def build_args(rendered: render.Rendered) -> list:
+        return [resource.inputs.get("buildArgs") for resource in rendered.resources
+                if resource.type == "docker-build:index:Image"]
+
+    assert build_args(default_stack) == [None, None, None]
+    mirror = "mirror.example/library/python:3.11-slim"
+    on_mirror = render.render("local", stack_values(images={"baseImage": mirror}))
+    assert build_args(on_mirror) == [{"BASE_IMAGE": mirror}] * 3

@@ -373,7 +373,8 @@ class GkeKind(ClusterKind):
         self._apis = GcpApis("apis", GcpApisArgs(project=gcp.project))
         # Before the cluster: its nodes are granted reading the repository before they start.
         self._registry = RegistryImages("images", RegistryImagesArgs(
-            project=gcp.project, region=gcp.region, gpu_training=self._pools[config.training_pool].gpus > 0),
+            project=gcp.project, region=gcp.region, gpu_training=self._pools[config.training_pool].gpus > 0,
+            base_image=self.config.images.base_image),
             opts=self._after_apis())
         self._network = GkeNetwork("network", GkeNetworkArgs(
             project=gcp.project, name=config.name, region=region_of(config.location),

@@ -131,7 +131,8 @@ class K3dKind(ClusterKind):
     def images(self, cluster: Cluster) -> ImageSource:
         cluster_id = self._cluster.cluster_id
         images = LocalImages("images", LocalImagesArgs(
-            cluster_name=self.config.cluster.name, cluster=self._cluster, cluster_id=cluster_id))
+            cluster_name=self.config.cluster.name, cluster=self._cluster, cluster_id=cluster_id,
+            base_image=self.config.images.base_image))
         return ImageSource(images=images.images, ready=images.imported)
 
     def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
