@@ -96,14 +96,14 @@ def test_the_stand_in_is_made_from_the_machines_debian_sources(tmp_path):
                                                  "Suites: nodistro\nComponents: main\n")
     (tmp_path / "old.list.disabled").write_text("deb http://deb.debian.org/debian bookworm main\n")
     sources = images.apt_sources((tmp_path / "absent.list", tmp_path))
-    assert sources == [tmp_path / "debian.sources"]
+    assert sources == [tmp_path / "debian.sources", tmp_path / "security.list"]
     assert images.source_suites((tmp_path / "security.list").read_text()) == {"bookworm-security"}
 
     argv = images.mmdebstrap_argv(tmp_path / "rootfs.tar", sources)
     assert argv[:2] == ["mmdebstrap", "--variant=minbase"]
     assert "--include=python3,python3-pip,python-is-python3,passwd,ca-certificates" in argv
     assert 'rm -f "$1"/usr/lib/python3.11/EXTERNALLY-MANAGED' in " ".join(argv)
-    assert argv[-3:] == ["bookworm", str(tmp_path / "rootfs.tar"), str(tmp_path / "debian.sources")]
+    assert argv[-4:] == ["bookworm", str(tmp_path / "rootfs.tar"), *map(str, sources)]
 
 
 def test_archives_are_named_after_their_image_outside_the_clone():
@@ -125,7 +125,7 @@ def test_an_unreachable_debian_mirror_is_unavailable_not_a_build_error(monkeypat
     monkeypatch.setattr(images, "image_config", lambda name: None)
     monkeypatch.setattr(shutil, "which", lambda program: f"/usr/bin/{program}")
 
-    def unreachable(*argv, cwd=None):
+    def unreachable(*argv):
         raise build.BuildError("mmdebstrap: E: Failed to fetch http://deb.debian.org/debian/dists/bookworm/"
                                "InRelease  Temporary failure resolving 'deb.debian.org'")
 

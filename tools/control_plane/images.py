@@ -116,15 +116,15 @@ def require(program: str, why: str) -> str:
 
 
 def check_pypi() -> None:
-    index = os.environ.get("PIP_INDEX_URL", PYPI)
+    """PyPI, as the Dockerfiles' pip reaches it (they name no other index), from this machine."""
     try:
-        urllib.request.urlopen(index, timeout=20).close()
+        urllib.request.urlopen(PYPI, timeout=20).close()
     except (urllib.error.URLError, TimeoutError) as error:
-        raise Unavailable(f"PyPI ({index}) cannot be reached, and the images' pip install needs it: {error}")
+        raise Unavailable(f"PyPI ({PYPI}) cannot be reached, and the images' pip install needs it: {error}")
 
 
-def run(*argv: str, cwd: Path | None = None) -> str:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=BUILDAH_TIMEOUT_SECONDS)
+def run(*argv: str) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILDAH_TIMEOUT_SECONDS)
     if done.returncode != 0:
         raise BuildError(f"{' '.join(argv)}: {build.last_lines(done.stderr.strip() or done.stdout.strip())}")
     return done.stdout
@@ -156,14 +156,16 @@ def built(name: str, build_image, say) -> None:
 # --- The stand-in base -------------------------------------------------------------------------------
 
 def apt_sources(places: tuple[Path, ...] = APT_SOURCES) -> list[Path]:
-    """This machine's apt source files that name Debian's DEBIAN_SUITE (one-line or deb822)."""
+    """This machine's apt source files that name Debian's DEBIAN_SUITE or its updates and security
+    suites (bookworm-updates, bookworm-security), one-line or deb822."""
     files = []
     for place in places:
         if place.is_file():
             files.append(place)
         elif place.is_dir():
             files += sorted(path for path in place.iterdir() if path.suffix in (".list", ".sources"))
-    return [path for path in files if DEBIAN_SUITE in source_suites(path.read_text())]
+    return [path for path in files if any(suite == DEBIAN_SUITE or suite.startswith(f"{DEBIAN_SUITE}-")
+                                          for suite in source_suites(path.read_text()))]
 
 
 def source_suites(text: str) -> set[str]:
