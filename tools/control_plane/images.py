@@ -51,6 +51,7 @@ from tools.control_plane.build import ROOT, BuildError, Unavailable, in_ci
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-ml" / "images"
 ARCHIVES = CACHE / "archives"
 BUILDAH_TIMEOUT_SECONDS = 3600
+BUILDAH_ROLE = "it builds the tier's images"  # said when it is missing
 # Every build: the layer cache, and no working container left behind by a failed one.
 BUILD = ("build", "--layers", "--force-rm")
 
@@ -131,12 +132,13 @@ def run(*argv: str) -> str:
 
 
 def buildah(*args: str) -> str:
-    return run(require("buildah", "it builds the tier's images"), *args)
+    return run(require("buildah", BUILDAH_ROLE), *args)
 
 
 def image_config(name: str) -> dict | None:
     """buildah's record of the image `name` (its ID under FromImageID), or None if there is none."""
-    found = subprocess.run(["buildah", "inspect", "--type", "image", name], capture_output=True, text=True)
+    found = subprocess.run([require("buildah", BUILDAH_ROLE), "inspect", "--type", "image", name],
+                           capture_output=True, text=True)
     return json.loads(found.stdout) if found.returncode == 0 else None
 
 
@@ -353,7 +355,7 @@ def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
     """Builds and exports the node's images (all, or those `only` names), each with the name the kubelet
     asks for and its archive. Raises Unavailable for what this machine lacks, BuildError for a build
     that failed."""
-    require("buildah", "it builds the tier's images")
+    require("buildah", BUILDAH_ROLE)
     module_dir, version = kubernetes_source()
     pause = pause_source(module_dir, version)
     names = image_names(pause)
