@@ -51,3 +51,52 @@ def enforcing_labels(kubernetes_version: str) -> dict[str, str]:
     if not KUBERNETES_MINOR.fullmatch(kubernetes_version):
         raise ValueError(f"kubernetes version {kubernetes_version!r}: expected a minor like 1.33")
     return {ENFORCE_LABEL: LEVEL, ENFORCE_VERSION_LABEL: f"v{kubernetes_version}"}
+
+
+# What `restricted` allows beyond its security contexts (the standard's "Volume Types" and
+# "Capabilities" rows).
+ALLOWED_VOLUME_SOURCES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                                    "persistentVolumeClaim", "projected", "secret"})
+ALLOWED_ADDED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
+HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
+
+
+def _on_pod_or_each(pod: dict, containers: list[dict], holds) -> bool:
+    """`holds(context)` of the pod's security context, or else of every container's."""
+    return holds(pod.get("securityContext") or {}) or all(
+        holds(container.get("securityContext") or {}) for container in containers)
+
+
+def violations(pod: dict, containers: dict[str, dict]) -> list[str]:
+    """Why a pod (its spec's pod-level fields, and its containers by where they are) does not meet
+    `restricted` as this project declares it: the user left to the image (no runAsUser anywhere) and
+    runAsNonRoot, the seccomp profile, each container's privilege escalation and capabilities, no host
+    namespace, no volume of a type the standard forbids. Empty when it does."""
+    found = []
+    listed = list(containers.values())
+    if not _on_pod_or_each(pod, listed, lambda context: context.get("runAsNonRoot") is True):
+        found.append("runAsNonRoot is not true (on the pod, or on every container)")
+    if not _on_pod_or_each(pod, listed, lambda context: (context.get("seccompProfile") or {}).get("type")
+                           in ("RuntimeDefault", "Localhost")):
+        found.append("no seccompProfile RuntimeDefault (on the pod, or on every container)")
+    if "runAsUser" in (pod.get("securityContext") or {}):
+        found.append("names a user (runAsUser): the image's USER runs")
+    found.extend(f"{field} is true" for field in HOST_NAMESPACES if pod.get(field))
+    for volume in pod.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= ALLOWED_VOLUME_SOURCES:
+            found.append(f"volume {volume.get('name')}: {', '.join(sorted(kinds))} is not allowed")
+    for where, container in containers.items():
+        context = container.get("securityContext") or {}
+        capabilities = context.get("capabilities") or {}
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{where}: allowPrivilegeEscalation is not false")
+        if "ALL" not in (capabilities.get("drop") or []):
+            found.append(f"{where}: capabilities do not drop ALL")
+        if set(capabilities.get("add") or []) - ALLOWED_ADDED_CAPABILITIES:
+            found.append(f"{where}: adds capabilities beyond NET_BIND_SERVICE")
+        if context.get("privileged"):
+            found.append(f"{where}: privileged")
+        if "runAsUser" in context:
+            found.append(f"{where}: names a user (runAsUser): the image's USER runs")
+    return found
