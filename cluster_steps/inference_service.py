@@ -22,6 +22,7 @@ from common.cluster_names import (
     retargeted_query,
 )
 from common.cluster_target import PART_OF, PREDICTOR_SERVICE_ACCOUNT
+from common.pod_security import container_security_context, pod_security_context
 
 ISVC_API_VERSION = f"{ISVC_GROUP}/{ISVC_VERSION}"
 KSERVE_MODEL_DIR = "/mnt/models"  # where KServe puts what storageUri points at
@@ -161,6 +162,8 @@ def inference_service(spec: PredictorSpec) -> dict:
             "rollingUpdate": {"maxUnavailable": MAX_UNAVAILABLE, "maxSurge": MAX_SURGE},
         },
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        # The predictor reads its model: no volume of it needs the images' group.
+        "securityContext": pod_security_context(),
     }
     if spec.logger_url:
         predictor["logger"] = {"mode": "all", "url": spec.logger_url}
@@ -170,6 +173,9 @@ def inference_service(spec: PredictorSpec) -> dict:
             "storageUri": spec.storage_uri,
             "runtimeVersion": spec.runtime_version or TF_SERVING_VERSION,
             "resources": spec.resources,
+            # Merged over the runtime's container, whose runAsUser (TF Serving's image names no user)
+            # stays (v0.20.0 config/runtimes/kserve-tensorflow-serving.yaml).
+            "securityContext": container_security_context(),
         }
     else:
         predictor["containers"] = [
@@ -198,6 +204,9 @@ def inference_service(spec: PredictorSpec) -> dict:
                     "failureThreshold": READINESS_FAILURE_THRESHOLD,
                 },
                 "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+                # KServe's agent (the request logger's sidecar) copies it (v0.20.0
+                # pkg/webhook/admission/pod/agent_injector.go).
+                "securityContext": container_security_context(),
             }
         ]
     return {

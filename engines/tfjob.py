@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from common.cluster_names import CustomResource
 from common.cluster_target import (
+    IMAGE_USER,
     PART_OF,
     TRAINER_SERVICE_ACCOUNT,
     ClusterTarget,
@@ -14,6 +15,7 @@ from common.cluster_target import (
     storage_mount,
     with_gpus,
 )
+from common.pod_security import container_security_context, pod_security_context
 from engines.base import Install, KustomizeInstall, MetricsSource, TrainingEngine, TrainingSpec, env_list
 
 TFJOB = CustomResource("TFJob", "kubeflow.org", "v1", "tfjobs")
@@ -45,12 +47,15 @@ def pod_template(spec: TrainingSpec, target: ClusterTarget, labels: dict) -> dic
         "command": gpus_command(list(spec.command), gpus),
         "volumeMounts": [storage_mount()],
         "resources": with_gpus(resources, gpus),
+        "securityContext": container_security_context(),
     }
     if spec.env:
         container["env"] = env_list(spec.env)
     pod = target.training_placement(
         {
             "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
+            # Training writes checkpoints and exports to the storage volume as the images' user.
+            "securityContext": pod_security_context(IMAGE_USER),
             "containers": [container],
             "volumes": [target.storage.volume()],
         }

@@ -15,6 +15,7 @@ import yaml
 
 from common.cluster_names import DNS_LABEL_LENGTH, CustomResource
 from common.cluster_target import (
+    IMAGE_USER,
     PART_OF,
     TRAINER_SERVICE_ACCOUNT,
     ClusterTarget,
@@ -22,6 +23,7 @@ from common.cluster_target import (
     storage_mount,
     with_gpus,
 )
+from common.pod_security import container_security_context, pod_security_context
 from engines.base import (
     ChartInstall,
     Install,
@@ -177,6 +179,8 @@ def runtime_pod(target: ClusterTarget, container_spec: dict) -> dict:
         {
             "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
             "restartPolicy": "Never",
+            # Training writes checkpoints and exports to the storage volume as the images' user.
+            "securityContext": pod_security_context(IMAGE_USER),
             "containers": [container_spec],
             "volumes": [target.storage.volume()],
         }
@@ -193,6 +197,8 @@ def runtime_container(name: str, image: str, parameter_servers: int, **fields: o
         "env": jobset_pod_env(parameter_servers),
         "ports": [port],
         "volumeMounts": [storage_mount()],
+        # A TrainJob's trainer (image, command, env, resources) is merged into it: this stays.
+        "securityContext": container_security_context(),
         **fields,
     }
 

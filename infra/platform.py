@@ -19,9 +19,11 @@ import pulumi_kubernetes as k8s
 from pulumi_command import local
 
 from cluster_steps.inference_service import STANDARD_MODE
+from common.pod_security import container_security_context
+from common.yaml_text import to_yaml
 from engines.base import ChartInstall, Install, KustomizeInstall, TrainingEngine
 from infra.keda import Keda, KedaArgs
-from pipeline.argo import ARGO_NAMESPACE
+from pipeline.argo import ARGO_NAMESPACE, CONTROLLER_CONFIG_MAP, executor_config
 
 ARGO_INSTALL = "https://github.com/argoproj/argo-workflows/releases/download/{version}/install.yaml"
 CERT_MANAGER = "https://github.com/cert-manager/cert-manager/releases/download/{version}/cert-manager.yaml"
@@ -86,6 +88,13 @@ class Platform(pulumi.ComponentResource):
             file=ARGO_INSTALL.format(version=args.argo_version),
             opts=pulumi.ResourceOptions(parent=self, provider=argo_provider, depends_on=[argo_namespace]),
         )
+        # The executor's containers in our step pods: a patch of the config map install.yaml brings
+        # (server-side apply of this one key; the controller reloads its config when it changes).
+        executor = k8s.core.v1.ConfigMapPatch(
+            f"{name}-argo-executor",
+            metadata={"name": CONTROLLER_CONFIG_MAP, "namespace": ARGO_NAMESPACE},
+            data={"executor": to_yaml(executor_config(args.argo_version))},
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[argo]))
 
         cert_manager = k8s.yaml.v2.ConfigFile(
             f"{name}-cert-manager",
@@ -106,13 +115,18 @@ class Platform(pulumi.ComponentResource):
             keda = [Keda(f"{name}-keda", KedaArgs(args.keda_version, args.provider),
                          opts=pulumi.ResourceOptions(parent=self)).chart]
             controller["podAnnotations"] = {KEDA_ANNOTATION: args.keda_version}
-        kserve = self._kserve_chart(name, "kserve-resources", args, {"kserve": {"controller": controller}},
+        # The storage initializer KServe adds to a predictor whose model it downloads (gs://): its
+        # default ClusterStorageContainer takes this context (v0.20.0 charts/kserve-resources
+        # storagecontainer-patch.yaml), and our predictor pods must meet `restricted` with it.
+        storage = {"containerSecurityContext": container_security_context()}
+        kserve = self._kserve_chart(name, "kserve-resources", args,
+                                    {"kserve": {"controller": controller, "storage": storage}},
                                     [kserve_crds, cert_manager_ready, *keda])
         # The ClusterServingRuntimes (TF Serving among them; off by default), after KServe's webhooks.
         runtimes = self._kserve_chart(name, "kserve-runtime-configs", args,
                                       {"kserve": {"servingruntime": {"enabled": True}}}, [kserve])
 
-        self.ready = [*training, argo_namespace, argo, kserve, runtimes]
+        self.ready = [*training, argo_namespace, argo, executor, kserve, runtimes]
         self.register_outputs({})
 
     def _install(self, name: str, install: Install, provider: k8s.Provider) -> pulumi.Resource:

@@ -14,7 +14,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.cluster_names import CLUSTER_STORAGE_ROOT
-from common.cluster_target import PART_OF, PREDICTOR_SERVICE_ACCOUNT, ClusterTarget, storage_mount
+from common.cluster_target import IMAGE_USER, PART_OF, PREDICTOR_SERVICE_ACCOUNT, ClusterTarget, storage_mount
+from common.pod_security import container_security_context, pod_security_context
 from infra.accounts import service_account
 from pipeline.config import Resources
 
@@ -52,6 +53,7 @@ def logger_deployment_spec(target: ClusterTarget, labels: dict) -> dict:
             "metadata": metadata,
             "spec": {
                 "serviceAccountName": LOGGER_SERVICE_ACCOUNT,
+                "securityContext": pod_security_context(IMAGE_USER),  # it writes to the storage volume
                 "containers": [{
                     "name": "logger",
                     "image": target.images.serving,
@@ -61,6 +63,7 @@ def logger_deployment_spec(target: ClusterTarget, labels: dict) -> dict:
                     "ports": [{"name": "http", "containerPort": LOGGER_PORT, "protocol": "TCP"}],
                     "volumeMounts": [storage_mount()],
                     "resources": LOGGER_RESOURCES.as_manifest(),
+                    "securityContext": container_security_context(),
                 }],
                 "volumes": [target.storage.volume()],
             },

@@ -23,6 +23,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.cluster_target import IMAGE_USER, PART_OF
+from common.pod_security import container_security_context, pod_security_context
 from common.tracking_names import SERVER_NAME, SERVER_PORT
 from infra.accounts import service_account
 from infra.awaits import SKIP_AWAIT
@@ -103,7 +104,7 @@ def server_container(image: str, args: list[str]) -> dict:
         "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
         "readinessProbe": {**probe, "periodSeconds": 10},
         "livenessProbe": {**probe, "periodSeconds": 20, "failureThreshold": 3},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+        "securityContext": container_security_context(),
     }
 
 
@@ -121,7 +122,7 @@ def cloud_sql_proxy(connection_name: str) -> dict:
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": "proxy-health"},
                           "periodSeconds": 10, "failureThreshold": 3},
         "resources": CLOUD_SQL_PROXY_RESOURCES.as_manifest(),
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+        "securityContext": container_security_context(),
     }
 
 
@@ -131,12 +132,12 @@ def volume_pod(image: str, namespace: str, claim: str) -> dict:
         namespace, f"sqlite:///{DATA_DIR}/mlflow.db", f"{DATA_DIR}/artifacts"))
     return {"containers": [{**container, "volumeMounts": [data]}],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
-            "securityContext": {"fsGroup": IMAGE_USER}}
+            "securityContext": pod_security_context(IMAGE_USER)}  # SQLite and artifacts on the claim
 
 
 def cloud_sql_pod(image: str, namespace: str, connection_name: str, database_user: str, database: str,
                   artifacts: str) -> dict:
-    return {"initContainers": [cloud_sql_proxy(connection_name)],
+    return {"securityContext": pod_security_context(), "initContainers": [cloud_sql_proxy(connection_name)],
             "containers": [server_container(image, server_command(
                 namespace, postgres_uri(database_user, database), artifacts))]}
 

@@ -43,7 +43,8 @@ from common.cluster_names import (
     TRAIN_STEP_MODULE,
     WORKFLOW_TEMPLATE_NAME,
 )
-from common.cluster_target import PART_OF, ClusterStorage, ClusterTarget, Images, storage_mount
+from common.cluster_target import IMAGE_USER, PART_OF, ClusterStorage, ClusterTarget, Images, storage_mount
+from common.pod_security import container_security_context, pod_security_context
 from common.tracking_names import EXPERIMENT_ENV, PIPELINE_RUN_ENV, TRACKING_URI_ENV
 from common.yaml_text import to_yaml
 from engines import ENGINES
@@ -76,6 +77,12 @@ MAIN_CONTAINER = "main"
 # Argo's install: the controller's namespace and service account (manifests/cluster-install).
 ARGO_NAMESPACE = "argo"
 ARGO_CONTROLLER_ACCOUNT = "argo"
+CONTROLLER_CONFIG_MAP = "workflow-controller-configmap"  # the controller's config (its install's)
+# Argo's executor image that runs as a user of its own (v4.1.2 Dockerfile, target argoexec-nonroot:
+# USER 8737), released from v3.7.0 on; the plain argoexec image runs as root, which the step pods'
+# runAsNonRoot makes the kubelet refuse.
+EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:{version}-nonroot"
+NONROOT_EXECUTOR_SINCE = (3, 7)
 VERSION_PARAMETER = "version"
 DECISION_PARAMETER = "decision"
 PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo reads it as an output
@@ -108,7 +115,7 @@ def step_container(step: Step, images: Images, env: Mapping[str, str] = {}) -> d
     """The container of a step that runs its own command on the storage volume."""
     container = {"name": MAIN_CONTAINER, "image": step_image(step, images), "imagePullPolicy": "IfNotPresent",
                  "command": list(step.command), "volumeMounts": [storage_mount()],
-                 "resources": step.resources.as_manifest()}
+                 "resources": step.resources.as_manifest(), "securityContext": container_security_context()}
     if env:
         container["env"] = env_list(env)
     return container
@@ -217,7 +224,8 @@ def cluster_step_container(target: ClusterTarget, module: str, args: list[str],
     """A step of cluster_steps (`module`), in the serving image, which carries the kubernetes client."""
     container = {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
                  "command": ["python", "-m", module], "args": args,
-                 "resources": {kind: dict(amounts) for kind, amounts in CLUSTER_STEP_RESOURCES.items()}}
+                 "resources": {kind: dict(amounts) for kind, amounts in CLUSTER_STEP_RESOURCES.items()},
+                 "securityContext": container_security_context()}
     if env:
         container["env"] = env_list(env)
     return container
@@ -324,6 +332,9 @@ def workflow_template(config: PipelineConfig, target: ClusterTarget = ClusterTar
         "serviceAccountName": config.service_account_name,
         # Pods of a failed run stay for `argo logs`; a successful run's go.
         "podGC": {"strategy": "OnWorkflowSuccess"},
+        # Every step pod's, Argo's init and wait containers run under it too (theirs: executor_config);
+        # ingest and select write to the storage volume as the images' user.
+        "securityContext": pod_security_context(IMAGE_USER),
         "volumes": [target.storage.volume()],
         "templates": [dag(steps, templates), *templates.values()],
     }
@@ -340,6 +351,18 @@ def workflow() -> dict:
     return {"apiVersion": API_VERSION, "kind": "Workflow",
             "metadata": {"generateName": f"{WORKFLOW_TEMPLATE_NAME}-", "labels": dict(PART_OF)},
             "spec": {"workflowTemplateRef": {"name": WORKFLOW_TEMPLATE_NAME}}}
+
+
+def executor_config(argo_version: str) -> dict:
+    """The `executor` of the workflow controller's config map: the image and security context of the
+    init and wait containers Argo adds to every step pod (v4.1.2 workflow/controller/workflowpod.go
+    newExecContainer takes both from it), so that they meet `restricted` as the steps' own do."""
+    major, minor = (int(part) for part in argo_version.removeprefix("v").split(".")[:2])
+    if (major, minor) < NONROOT_EXECUTOR_SINCE:
+        raise ConfigError(f"platform.argoVersion {argo_version}: its executor image runs as root, which the "
+                          "step pods' restricted security context refuses; use v3.7.0 or later")
+    return {"image": EXECUTOR_IMAGE.format(version=argo_version),
+            "securityContext": container_security_context()}
 
 
 def memo_cache() -> dict:

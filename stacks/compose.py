@@ -17,6 +17,7 @@ from common.cluster_target import (
     ClusterStorage,
     ClusterTarget,
 )
+from common.pod_security import enforcing_labels
 from common.tracking_names import server_uri
 from engines import ENGINES
 from engines.base import QueuePlacement
@@ -46,8 +47,11 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     """Declares every resource of the stack; returns its outputs."""
     kind = KINDS[config.cluster_kind](config)
     cluster = kind.cluster()
-    namespace = k8s.core.v1.Namespace("namespace", metadata={"name": config.namespace},
-                                      opts=pulumi.ResourceOptions(provider=cluster.provider))
+    # Every pod of ours runs here (the workflow's steps, training, the predictors, the request logger,
+    # the tracking server): the API server refuses any that does not meet `restricted`.
+    namespace = k8s.core.v1.Namespace("namespace", metadata={
+        "name": config.namespace, "labels": enforcing_labels(config.cluster.kubernetes_version)},
+        opts=pulumi.ResourceOptions(provider=cluster.provider))
     images = kind.images(cluster)
     platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     storage = kind.storage(cluster, namespace, storage_users(config))

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 
+from common import pod_security
 from common.cluster_names import MANIFEST_FLAG as ROLLOUT_MANIFEST_FLAG
 from common.cluster_names import canary_name, predictor_deployment_name
 from infra import gke_endpoint as gke
@@ -62,6 +63,39 @@ def containers(manifest: dict) -> Iterator[tuple[str, dict]]:
             yield f"{where}.model", node["model"]
 
 
+def pods(manifest: dict) -> Iterator[tuple[str, dict, dict[str, dict]]]:
+    """(path, pod-level fields, containers by path) for every pod a manifest describes: a pod spec
+    (Deployments, jobs' templates, a predictor, whose `model` is a container), and an Argo workflow's
+    spec, whose templates' containers its step pods run. A TrainJob's runtimePatches are not pods:
+    they patch a runtime's, which is judged whole."""
+    for where, node in _walk(manifest, name_of(manifest)):
+        if ".runtimePatches" in where:
+            continue
+        found = {f"{where}.{key}[{index}]": container for key in ("containers", "initContainers")
+                 for index, container in enumerate(node.get(key) or [])}
+        if isinstance(node.get("model"), dict) and "modelFormat" in node["model"]:
+            found[f"{where}.model"] = node["model"]
+        if isinstance(node.get("templates"), list):
+            found.update({f"{where}.templates[{index}].container": template["container"]
+                          for index, template in enumerate(node["templates"])
+                          if isinstance(template, dict) and isinstance(template.get("container"), dict)})
+        if found:
+            yield where, node, found
+
+
+def restricted_pods(objects: Sequence[dict]) -> list[str]:
+    """Every pod meets the `restricted` Pod Security Standard as common.pod_security says; one whose
+    security contexts Pulumi computes during `up` is judged then."""
+    violations = []
+    for manifest in objects:
+        for where, pod, found in pods(manifest):
+            contexts = [pod.get("securityContext"), *(c.get("securityContext") for c in found.values())]
+            if any(context is UNKNOWN for context in contexts):
+                continue
+            violations.extend(f"{where}: {why}" for why in pod_security.violations(pod, found))
+    return violations
+
+
 def no_cluster_admin(objects: Sequence[dict]) -> list[str]:
     return [f"{name_of(o)} binds {o['roleRef']['name']}" for o in objects
             if o.get("kind") in ("RoleBinding", "ClusterRoleBinding")
@@ -99,7 +133,7 @@ def secret_outputs(required: Sequence[str], secret: set[str]) -> list[str]:
     return [f"stack output {name} is not secret" for name in required if name not in secret]
 
 
-OBJECT_POLICIES = (no_cluster_admin, requests_and_limits, pinned_images)
+OBJECT_POLICIES = (no_cluster_admin, requests_and_limits, pinned_images, restricted_pods)
 
 
 def violations(objects: Sequence[dict]) -> list[str]:

@@ -29,6 +29,8 @@ POLICIES: dict[str, tuple[str, Check]] = {
                             lambda resources: policies.requests_and_limits(kubernetes_objects(resources))),
     "pinned-images": ("every image pinned by a tag other than latest, or a digest",
                       lambda resources: policies.pinned_images(kubernetes_objects(resources))),
+    "restricted-pods": ("every pod, embedded ones too, meets the restricted Pod Security Standard",
+                        lambda resources: policies.restricted_pods(kubernetes_objects(resources))),
     "private-buckets": ("buckets private, uniform and versioned", policies.private_buckets),
     "no-service-account-keys": ("no service account keys: Workload Identity instead",
                                 policies.no_service_account_keys),

@@ -105,10 +105,16 @@ def test_the_policy_pack_judges_containers_nested_in_the_engines_proxies(policy_
     resources = [types.SimpleNamespace(resource_type="kubernetes:apps/v1:Deployment", name="loose",
                                        props=LOOSE_DEPLOYMENT)]
     found = analyze_stack(policy_pack, resources)
-    where = "Deployment/loose.spec.template.spec.containers[0]"
+    pod = "Deployment/loose.spec.template.spec"
+    where = f"{pod}.containers[0]"
     assert found == {"requests-and-limits": [f"{where}: no requests for cpu, memory",
                                              f"{where}: no limits for cpu, memory"],
-                     "pinned-images": [f"{where}: image nginx:latest is not pinned (no tag, or latest)"]}
+                     "pinned-images": [f"{where}: image nginx:latest is not pinned (no tag, or latest)"],
+                     "restricted-pods": [f"{pod}: {why}" for why in (
+                         "runAsNonRoot is not true (on the pod, or on every container)",
+                         "no seccompProfile RuntimeDefault (on the pod, or on every container)",
+                         f"{where}: allowPrivilegeEscalation is not false",
+                         f"{where}: capabilities do not drop ALL")]}
 
 
 def test_an_image_unknown_during_preview_is_left_to_pulumi_up(policy_pack):

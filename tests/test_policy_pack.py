@@ -110,6 +110,7 @@ def test_each_violation_is_reported():
     (pinned,) = found["pinned-images"]
     assert pinned.startswith("Deployment/loose.spec.template.spec.containers[0]: image busybox:latest")
     assert len(found["requests-and-limits"]) == 2  # no requests, no limits
+    assert len(found["restricted-pods"]) == 4  # not non-root, no seccomp, escalation, capabilities
     assert len(found["private-buckets"]) == 3 and found["no-service-account-keys"] == [
         "key: a service account key; use Workload Identity"]
     assert found["private-databases"] == [
