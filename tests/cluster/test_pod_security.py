@@ -116,7 +116,8 @@ def test_argos_step_pods_with_the_executors_containers_are_admitted_under_enforc
 
     def step_pod():
         status = tier.api.get(WORKFLOW_API, "Workflow", name, NAMESPACE).get("status") or {}
-        assert status.get("phase") in (None, "Pending", "Running"), status
+        # A step pod PodSecurity refuses errs the workflow with the server's message.
+        assert status.get("phase") in (None, "Pending", "Running"), status.get("message", status)
         return tier.api.list("v1", "Pod", NAMESPACE, label_selector=f"{argo.WORKFLOW_LABEL}={name}")
 
     (pod,) = tier.api.wait(step_pod, "the workflow's first step pod", POD_WAIT_SECONDS)
