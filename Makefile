@@ -91,6 +91,17 @@ test:
 	wait $$tier; tiered=$$?; echo "--- the control-plane tier (make test-cluster) ---"; cat $(TIER_LOG); \
 	wait $$built && [ $$tested = 0 ] && exit $$tiered || exit 1
 
+# The tier's real node and its images (tools/control_plane/node.py, images.py) run Debian's packages:
+# containerd, runc and the CNI plugins, iptables for kube-proxy, buildah and mmdebstrap for the images,
+# busybox for the helper image. Installed once as root (.ci/run does it); a no-op when all are there.
+NODE_PACKAGES = containerd runc containernetworking-plugins iptables buildah mmdebstrap busybox-static
+.PHONY: node-packages
+node-packages:
+	@dpkg-query -W -f='$${db:Status-Status} $${Package}\n' $(NODE_PACKAGES) 2>/dev/null | \
+		grep -c '^installed ' | grep -qx $(words $(NODE_PACKAGES)) || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			$(NODE_PACKAGES); }
+
 # The control-plane tier alone: the real API server and the controllers the stacks install, built
 # from the Go module proxy (once; Go's caches keep them), then tests/cluster/ in a network namespace of
 # its own. One test: make test-cluster TIER_ARGS="-k usage_error". docs/development.md says more.

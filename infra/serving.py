@@ -13,7 +13,7 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.cluster_names import CLUSTER_STORAGE_ROOT
+from common.cluster_names import CLUSTER_DOMAIN, CLUSTER_STORAGE_ROOT
 from common.cluster_target import IMAGE_USER, PART_OF, PREDICTOR_SERVICE_ACCOUNT, ClusterTarget, storage_mount
 from common.pod_security import container_security_context, pod_security_context
 from infra.accounts import service_account
@@ -28,7 +28,7 @@ LOGGER_RESOURCES = Resources(requests={"cpu": "50m", "memory": "128Mi"},
 
 
 def logger_url(namespace: str) -> str:
-    return f"http://{LOGGER_NAME}.{namespace}.svc.cluster.local"
+    return f"http://{LOGGER_NAME}.{namespace}.svc.{CLUSTER_DOMAIN}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ import urllib.parse
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.cluster_names import CLUSTER_DOMAIN
 from common.cluster_target import IMAGE_USER, PART_OF
 from common.pod_security import container_security_context, pod_security_context
 from common.tracking_names import SERVER_NAME, SERVER_PORT
@@ -77,7 +78,7 @@ class TrackingServerArgs:
 
 def allowed_hosts(namespace: str) -> str:
     names = (SERVER_NAME, f"{SERVER_NAME}.{namespace}", f"{SERVER_NAME}.{namespace}.svc",
-             f"{SERVER_NAME}.{namespace}.svc.cluster.local")
+             f"{SERVER_NAME}.{namespace}.svc.{CLUSTER_DOMAIN}")
     return ",".join([*(f"{name}:{SERVER_PORT}" for name in names), *LOCAL_HOSTS])
 
 

@@ -38,6 +38,7 @@ class FakeCluster(Section):
     """The `cluster` section of the fake kind."""
     kind: Literal["fake"] = Field(description="the stack's cluster")
     name: str = Field("fake", description="the cluster's name")
+    kubernetes_version: str = Field("1.33", description="the cluster's Kubernetes minor")
 
 
 class FakeStack(StackSettings):

@@ -163,3 +163,69 @@ def test_a_program_dies_with_the_process_that_started_it(tmp_path):
         time.sleep(0.05)
     assert not Path(f"/proc/{sleeper}").exists() or \
         Path(f"/proc/{sleeper}/stat").read_text().split()[2] == "Z"
+
+
+def test_the_real_nodes_runtime_keeps_its_state_in_the_tiers_directory(tmp_path):
+    """containerd's root, state, socket and CNI configuration, and the pods' address leases, are the
+    tier's; its pods' sandbox is the pause image the node loads; runc runs them under cgroupfs, as the
+    kubelet is configured."""
+    import tomllib
+
+    from tools.control_plane import node
+
+    config = tomllib.loads(node.containerd_config(tmp_path, tmp_path / "c.sock", "registry.k8s.io/pause:3"))
+    assert (config["root"], config["state"], config["grpc"]["address"]) == (
+        str(tmp_path / "root"), str(tmp_path / "state"), str(tmp_path / "c.sock"))
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "registry.k8s.io/pause:3"
+    assert cri["cni"]["conf_dir"] == str(tmp_path / "cni")
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    network = node.cni_network(tmp_path)
+    bridge = network["plugins"][0]
+    assert bridge["bridge"] == node.BRIDGE and bridge["ipam"]["dataDir"] == str(tmp_path / "ipam")
+    (addresses,) = bridge["ipam"]["ranges"][0:1]
+    assert addresses[0]["gateway"] == node.BRIDGE_ADDRESS  # the bridge's own address: the plugin keeps it
+
+
+def test_the_kubelet_serves_the_stacks_cluster_domain_from_its_own_cgroup_root(tmp_path):
+    from common.cluster_names import CLUSTER_DOMAIN
+    from tools.control_plane import node, pki
+
+    certificates = pki.make(tmp_path / "pki")
+    serving = pki.issue_serving(certificates, tmp_path / "pki", "kubelet", ("10.244.0.1",))
+    config = node.kubelet_config(tmp_path, certificates, serving, tmp_path / "c.sock", "/dist-ml-tier-1")
+    assert config["clusterDomain"] == CLUSTER_DOMAIN and config["clusterDNS"] == [node.DNS_ADDRESS]
+    assert config["cgroupRoot"] == "/dist-ml-tier-1" and config["cgroupDriver"] == "cgroupfs"
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path / 'c.sock'}"
+    assert f"kubernetes {CLUSTER_DOMAIN} " in node.corefile(tmp_path / "admin.kubeconfig")
+
+
+def test_the_nodes_cgroup_is_made_in_every_hierarchy_and_removed_with_its_processes(tmp_path):
+    from tools.control_plane import node
+
+    for controller in ("cpu", "memory"):
+        (tmp_path / "v1" / controller).mkdir(parents=True)
+        (tmp_path / "v1" / controller / "cgroup.procs").write_text("")
+    (tmp_path / "v1" / "cpu,cpuacct").symlink_to(tmp_path / "v1" / "cpu")
+    assert node.cgroup_dirs("tier", tmp_path / "v1") == [tmp_path / "v1" / "cpu" / "tier",
+                                                         tmp_path / "v1" / "memory" / "tier"]
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").write_text("cpu memory")
+    assert node.cgroup_dirs("tier", tmp_path / "v2") == [tmp_path / "v2" / "tier"]
+    sleeper = subprocess.Popen(["sleep", "60"])
+    pod = tmp_path / "v1" / "cpu" / "tier" / "kubepods" / "pod1"
+    pod.mkdir(parents=True)
+    (pod / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+    node.kill_cgroup_trees([tmp_path / "v1" / "cpu" / "tier"])
+    assert sleeper.wait(timeout=5) == -9
+    # (a real cgroup directory goes with rmdir while it holds only the kernel's files; here they are ours)
+
+
+def test_coredns_and_the_pause_image_are_the_versions_kubeadm_of_our_kubernetes_installs(tmp_path):
+    constants = tmp_path / components.KUBEADM_CONSTANTS
+    constants.parent.mkdir(parents=True)
+    constants.write_text('const (\n\tCoreDNSVersion = "v1.12.0"\n\tPauseVersion = "3.10"\n)\n')
+    assert components.kubeadm_constant(tmp_path, "CoreDNSVersion") == "v1.12.0"
+    with pytest.raises(components.PinError, match="EtcdVersion"):
+        components.kubeadm_constant(tmp_path, "EtcdVersion")

@@ -661,13 +661,28 @@ def test_the_pr_check_runs_the_tests_then_previews_the_gke_stack():
     runs = [step.get("run", "") for step in steps]
     python = next(i for i, u in enumerate(uses) if u.startswith("actions/setup-python@"))
     install = next(i for i, r in enumerate(runs) if "pip install -r requirements.txt" in r)
-    tests = next(i for i, r in enumerate(runs) if r.strip() == "make test")
+    tests = next(i for i, r in enumerate(runs) if r.strip().endswith(" make test"))
     preview = next(i for i, u in enumerate(uses) if u.startswith("pulumi/actions@"))
     assert python < install < tests < preview
     settings = steps[preview]["with"]
     assert settings["command"] == "preview" and settings["stack-name"] == "gke"
     assert settings["comment-on-pr"] is True and settings["cloud-url"] == "${{ secrets.PULUMI_BACKEND_URL }}"
     assert not any("credentials_json" in json.dumps(step) for step in steps)  # no key, federation only
+
+
+def test_the_pr_check_gives_the_tier_what_ci_gives_it():
+    """Go for the tier's builds (its caches kept), the real node's Debian packages, and root for the
+    node (a cgroup hierarchy, containerd): the PR check runs what CI runs, nothing red by construction."""
+    workflow = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "preview.yml").read_text())
+    steps = workflow["jobs"]["preview"]["steps"]
+    uses = [step.get("uses", "") for step in steps]
+    runs = [step.get("run", "").strip() for step in steps]
+    go = next(i for i, u in enumerate(uses) if u.startswith("actions/setup-go@"))
+    assert steps[go]["with"]["go-version"].startswith("1.26")
+    packages = runs.index("sudo make node-packages")
+    tests = next(i for i, run in enumerate(runs) if run.endswith(" make test"))
+    assert go < packages < tests
+    assert runs[tests].startswith("sudo --preserve-env=CI,") and steps[tests]["env"]["CI"] == "true"
 
 
 def test_the_tracking_server_reaches_cloud_sql_privately_as_its_own_identity_without_a_password(gke_stack):

@@ -1,17 +1,14 @@
 """The control-plane tier's node images (tools/control_plane/images.py): the names the kubelet asks for,
 the Dockerfiles' replaceable base, the commands the builder runs, and what it says when this machine
-cannot build; then (slow) the images a build left in buildah's storage, if there are any."""
+cannot build. The images themselves run in the tier, on its real node (tests/cluster/test_node.py)."""
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, in_ci
+from conftest import REPO_ROOT
 
 from infra.images import BASE_IMAGES, IMAGE_INPUTS, image_ref
 from tools.control_plane import build, images
@@ -132,49 +129,3 @@ def test_an_unreachable_debian_mirror_is_unavailable_not_a_build_error(monkeypat
     monkeypatch.setattr(images, "run", unreachable)
     with pytest.raises(build.Unavailable, match="Debian's mirror cannot be reached"):
         images.build_standin()
-
-
-# --- What a build left (slow: runs containers) ---------------------------------------------------------
-
-def built_image(name: str, build_it) -> dict:
-    """buildah's record of `name`. The tier's run builds the images (python -m tools.control_plane.images)
-    and this suite does not, so without one it skips; under CI=true, which runs every test, it builds
-    it with `build_it()` (the builder under test), failing if this machine cannot."""
-    config = images.image_config(name) if shutil.which("buildah") else None
-    if config is None:
-        if not in_ci():
-            pytest.skip(f"no image {name} in buildah's storage "
-                        "(python -m tools.control_plane.images builds it)")
-        try:
-            build_it()
-        except build.Unavailable as missing:
-            pytest.fail(f"cannot build {name} (CI=true, so not skipped): {missing}", pytrace=False)
-        config = images.image_config(name)
-    return config
-
-
-def run_in(name: str, *command: str) -> str:
-    """`command`'s output in a throwaway container of `name`."""
-    container = subprocess.run(["buildah", "from", "--pull-never", name], capture_output=True, text=True,
-                               check=True).stdout.strip()
-    try:
-        return subprocess.run(["buildah", "run", container, "--", *command], capture_output=True, text=True,
-                              check=True, timeout=300).stdout
-    finally:
-        subprocess.run(["buildah", "rm", container], capture_output=True)
-
-
-@pytest.mark.slow
-def test_the_stand_in_base_is_debians_python_3_11_with_pip_free_to_install():
-    built_image(images.STANDIN, images.build_standin)
-    assert re.fullmatch(r"Python 3\.11\.\d+\n", run_in(images.STANDIN, "python", "--version"))
-    assert run_in(images.STANDIN, "ls", "/usr/lib/python3.11").split().count("EXTERNALLY-MANAGED") == 0
-
-
-@pytest.mark.slow
-def test_the_trainer_image_runs_as_uid_1000_and_imports_the_trainer():
-    name = images.qualified(image_ref("trainer"))
-    config = built_image(name, lambda: images.build_images(("trainer",)))
-    assert config["OCIv1"]["config"]["User"] == "1000"
-    uid = run_in(name, "python", "-c", "import json, os, trainer; print(json.dumps(os.getuid()))")
-    assert json.loads(uid) == 1000

@@ -266,6 +266,7 @@ def build_all(say=print) -> list[Built]:
     add(components.argo, pins.argo)
     add(components.kserve, pins.kserve)
     add(components.keda, pins.keda)
+    add(components.coredns, components.kubeadm_constant(Path(built[0].module_dir), "CoreDNSVersion"))
     return built
 
 

@@ -11,12 +11,14 @@ controllers (each controller with the admin's credentials).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import ssl
 from pathlib import Path
 
 import yaml
 
+from common.cluster_names import CLUSTER_DOMAIN
 from tools.control_plane.build import Built, program_name
 from tools.control_plane.pki import Pki
 from tools.control_plane.processes import Program, answers, stop_all
@@ -27,7 +29,10 @@ API_SERVER = f"https://127.0.0.1:{API_SERVER_PORT}"
 CONTROLLER_MANAGER_PORT, SCHEDULER_PORT = 10257, 10259
 BRIDGE, BRIDGE_ADDRESS, BRIDGE_PREFIX = "tier0", "10.244.0.1", 16  # pods' network (see pods.py)
 SERVICE_CIDR = "10.96.0.0/16"
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# Where a pod reaches the API server: the `kubernetes` Service (the service range's first address),
+# whose endpoint is the advertised bridge address.
+API_SERVER_ADDRESSES = (str(next(ipaddress.ip_network(SERVICE_CIDR).hosts())), BRIDGE_ADDRESS)
+SERVICE_ACCOUNT_ISSUER = f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}"
 START_TIMEOUT_SECONDS = 120.0
 # Set by the launcher inside the tier's own network namespace; without it, the tier refuses to start
 # rather than bind fixed ports beside whatever else runs on this machine.
@@ -150,6 +155,11 @@ class Kubernetes:
                 f"--service-account-key-file={pki.service_account_public}",
                 f"--service-account-signing-key-file={pki.service_account_key}",
                 "--authorization-mode=Node,RBAC",
+                # Logs, exec and port-forward reach the real node's kubelet as the admin (group
+                # system:masters, which the kubelet's webhook authorization asks the API server about).
+                f"--kubelet-client-certificate={pki.admin.cert}",
+                f"--kubelet-client-key={pki.admin.key}",
+                "--kubelet-preferred-address-types=InternalIP",
                 # The default plugins (NamespaceLifecycle, ServiceAccount, the webhooks, ResourceQuota, ...)
                 # and NodeRestriction, which kubeadm and k3s add.
                 "--enable-admission-plugins=NodeRestriction",

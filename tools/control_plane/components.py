@@ -21,6 +21,10 @@ HELM_VERSION = "v3.22.0"
 # (kubeflow/trainer manifests/third-party/jobset/kustomization.yaml).
 JOBSET_RELEASE = re.compile(r"kubernetes-sigs/jobset/releases/download/(v[0-9]+\.[0-9]+\.[0-9]+)/")
 K3S_IMAGE = re.compile(r"^rancher/k3s:(v[0-9]+\.[0-9]+\.[0-9]+)-k3s[0-9]+$")
+# What kubeadm of the pinned Kubernetes installs beside it (cmd/kubeadm/app/constants/constants.go): the
+# real node's cluster DNS and its pods' sandbox image.
+KUBEADM_CONSTANTS = Path("cmd", "kubeadm", "app", "constants", "constants.go")
+KUBEADM_CONSTANT = r'^\s*{name}\s*=\s*"([^"]+)"'
 
 
 class PinError(RuntimeError):
@@ -50,7 +54,9 @@ def kubernetes(version: str) -> Component:
         "k8s.io/kubernetes",
         version,
         tuple(
-            cmd + name for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+            cmd + name
+            for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+            + ("kubelet", "kube-proxy")  # the real node's
         ),
         "cluster.k3sImage",
     )
@@ -118,6 +124,23 @@ def keda(version: str) -> Component:
         (keda_cmd + "operator", keda_cmd + "webhooks"),
         "platform.kedaVersion",
     )
+
+
+def coredns(version: str) -> Component:
+    # CoreDNS's main package is its module's root (coredns.go), its plugins the ones plugin.cfg lists.
+    return Component(
+        "coredns", "github.com/coredns/coredns", version, ("github.com/coredns/coredns",),
+        "kubeadm's CoreDNSVersion in the Kubernetes module",
+    )
+
+
+def kubeadm_constant(kubernetes_module_dir: Path, name: str) -> str:
+    """A version kubeadm pins (CoreDNSVersion, PauseVersion), read from the Kubernetes module."""
+    source = kubernetes_module_dir / KUBEADM_CONSTANTS
+    found = re.findall(KUBEADM_CONSTANT.format(name=name), source.read_text(), re.MULTILINE)
+    if len(found) != 1:
+        raise PinError(f"{source}: expected one {name}, found {found or 'none'}")
+    return found[0]
 
 
 def helm(version: str = HELM_VERSION) -> Component:

@@ -163,20 +163,22 @@ def node(name: str, labels: dict[str, str], taints: list[dict], capacity: dict[s
     }
 
 
+# The labels k3s gives its nodes (a server's roles too).
+K3S_NODE_LABELS = {"node.kubernetes.io/instance-type": "k3s"}
+K3S_SERVER_ROLES = {"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/master": "true"}
+# The real node (tools/control_plane/node.py) takes only the pods that tolerate this.
+REAL_NODE_TAINT = {"key": "dist-ml.tier/real-node", "value": "true", "effect": "NoSchedule"}
+
+
 def k3d_nodes(cluster_name: str) -> list[dict]:
     """The k3d cluster's one server node, as k3s registers it."""
-    return [
-        node(
-            f"k3d-{cluster_name}-server-0",
-            {
-                "node-role.kubernetes.io/control-plane": "true",
-                "node-role.kubernetes.io/master": "true",
-                "node.kubernetes.io/instance-type": "k3s",
-            },
-            [],
-            dict(DOCKER_VM),
-        )
-    ]
+    labels = {**K3S_SERVER_ROLES, **K3S_NODE_LABELS}
+    return [node(f"k3d-{cluster_name}-server-0", labels, [], dict(DOCKER_VM))]
+
+
+def k3d_agent_name(cluster_name: str) -> str:
+    """k3d's name for its cluster's first agent node."""
+    return f"k3d-{cluster_name}-agent-0"
 
 
 def k3s_local_path(claims: list[dict], node_name: str, directory: Path) -> list[dict]:

@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from common.cluster_names import CLUSTER_DOMAIN
+
 VALIDITY = datetime.timedelta(days=2)  # a test session's
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
 # The names a client may use for the API server: from this network namespace and, as a pod, the
@@ -25,7 +27,7 @@ API_SERVER_NAMES = (
     "kubernetes",
     "kubernetes.default",
     "kubernetes.default.svc",
-    "kubernetes.default.svc.cluster.local",
+    f"kubernetes.default.svc.{CLUSTER_DOMAIN}",
 )
 
 
@@ -124,7 +126,9 @@ def _issue(directory: Path, name: str, ca_key, ca_name: x509.Name, subject: x509
     return pair
 
 
-def make(directory: Path) -> Pki:
+def make(directory: Path, api_server_addresses: tuple[str, ...] = ()) -> Pki:
+    """The tier's certificates; the API server's names loopback and `api_server_addresses` too (where
+    pods reach it: cluster.API_SERVER_ADDRESSES)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_name = _key(), _name("dist-ml control-plane tier CA")
     ca_cert = _certificate(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True)
@@ -138,7 +142,7 @@ def make(directory: Path) -> Pki:
         ca_name,
         _name("kube-apiserver"),
         dns=API_SERVER_NAMES,
-        ips=(LOOPBACK,),
+        ips=(LOOPBACK, *(ipaddress.ip_address(address) for address in api_server_addresses)),
     )
     admin = _issue(directory, "admin", ca_key, ca_name, _name("tier-admin", "system:masters"), client=True)
     serving = _issue(
@@ -155,3 +159,23 @@ def make(directory: Path) -> Pki:
         )
     )
     return Pki(ca, api_server, admin, serving, service_account_key, service_account_public)
+
+
+def _ca(pki: Pki):
+    key = serialization.load_pem_private_key(pki.ca.key.read_bytes(), password=None)
+    return key, x509.load_pem_x509_certificate(pki.ca_pem).subject
+
+
+def issue_client(pki: Pki, directory: Path, name: str, common_name: str, organization: str | None) -> KeyPair:
+    """A client certificate of the tier's CA: user `common_name`, group `organization`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_name = _ca(pki)
+    return _issue(directory, name, ca_key, ca_name, _name(common_name, organization), client=True)
+
+
+def issue_serving(pki: Pki, directory: Path, name: str, addresses: tuple[str, ...]) -> KeyPair:
+    """A serving certificate of the tier's CA for `addresses` (the kubelet's, which the API server calls)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_name = _ca(pki)
+    ips = tuple(ipaddress.ip_address(address) for address in addresses)
+    return _issue(directory, name, ca_key, ca_name, _name(name), ips=ips)

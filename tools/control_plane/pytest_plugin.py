@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from stacks import render
-from tools.control_plane import build, nodes, stacks
+from tools.control_plane import build, node, nodes, stacks
 from tools.control_plane.build import in_ci
+from tools.control_plane.node import NodeUnavailable, RealNode
 from tools.control_plane.tier import Tier
 
 WORKFLOW_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's namespace and pipeline.serviceAccountName
@@ -52,6 +53,25 @@ def tier(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, 
         yield started
     finally:
         started.stop()
+
+
+def unavailable(message: str) -> None:
+    if in_ci():
+        pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def real_node(tier: Tier) -> RealNode:
+    """The real node (containerd, runc, the kubelet, kube-proxy, CoreDNS), started the first time a
+    test asks for it, with the images tools.control_plane.images built loaded into its runtime."""
+    built = node.read_images()
+    if built is None:
+        unavailable("the node's images are not built: python -m tools.control_plane.images")
+    try:
+        return tier.start_real_node(built)
+    except NodeUnavailable as missing:
+        unavailable(str(missing))
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,9 @@ from testdata import fixtures
 from testdata.pins import CRD_PINS
 from tools.control_plane import nodes, pki, upstream
 from tools.control_plane.build import Built
-from tools.control_plane.cluster import Binaries, Kubernetes, kubeconfig
+from tools.control_plane.cluster import API_SERVER_ADDRESSES, Binaries, Kubernetes, kubeconfig
 from tools.control_plane.kube import Api
+from tools.control_plane.node import NodeImages, RealNode
 from tools.control_plane.processes import Program, answers, stop_all
 
 CONTROLLER_START_SECONDS = 180.0
@@ -62,6 +63,7 @@ class Tier:
     api: Api | None = None
     programs: list[Program] = dataclasses.field(default_factory=list)
     cluster_name: str = "dist-ml"  # the local stack's k3d cluster, whose node the tier simulates
+    real_node: RealNode | None = None
 
     @property
     def components(self) -> dict[str, Built]:
@@ -79,7 +81,7 @@ class Tier:
     def start(self, local: render.Rendered) -> None:
         """Starts every component for the local stack's render `local` (its charts' values)."""
         binaries = Binaries.of(self.built)
-        certificates = pki.make(self.directory / "pki")
+        certificates = pki.make(self.directory / "pki", API_SERVER_ADDRESSES)
         self.kubernetes = Kubernetes(self.directory, binaries, certificates)
         self.kubernetes.start()
         self.api = api = Api(self.admin)
@@ -173,5 +175,25 @@ class Tier:
                 f"{component.pinned_by}{note})"
             )
 
+    def start_real_node(self, images: NodeImages) -> RealNode:
+        """The real node beside the simulated one (tools/control_plane/node.py): k3d's first agent, as
+        k3d names it, tainted so that only the pods meant for it (tests that tolerate REAL_NODE_TAINT)
+        run there and the others keep KWOK's simulated lifecycle."""
+        self.real_node = RealNode(
+            self.directory / "node",
+            Binaries.of(self.built),
+            self.kubernetes.pki,
+            nodes.k3d_agent_name(self.cluster_name),
+            nodes.K3S_NODE_LABELS,
+            [nodes.REAL_NODE_TAINT],
+            images,
+            say=self.say,
+        )
+        self.real_node.start(self.api)
+        self.real_node.announce()
+        return self.real_node
+
     def stop(self) -> None:
+        if self.real_node is not None:
+            self.real_node.stop()
         stop_all([*self.programs, *(self.kubernetes.programs if self.kubernetes else [])])

@@ -1,0 +1,465 @@
+"""A real node beside the tier's control plane: pods that run.
+
+- containerd and runc, Debian's packages (the versions a Debian host runs; building them from their Go
+  modules would add minutes to a cold build and prove nothing more about our pods), with the CNI
+  plugins from Debian's package (bridge and host-local on the tier's bridge, portmap, loopback);
+- the kubelet and kube-proxy, from the same pinned Kubernetes module as the API server;
+- CoreDNS from its Go module, at the version kubeadm of that Kubernetes installs, serving the cluster
+  domain the stacks assume (cluster.local) on the bridge's address, the node's DNS for its pods.
+
+Everything lives under the tier's directory (containerd's root and state, the kubelet's, the CNI's
+address leases) but the images' archives, which tools/control_plane/images.py builds and caches outside
+the clone; containerd imports them at start under the names the rendered stack uses.
+
+The node registers with a client certificate of `system:node:<name>` (the API server's Node authorizer
+and NodeRestriction judge it, as on a kubeadm node); kube-proxy as `system:kube-proxy` (bound by the
+API server's own system:node-proxier). Pods reach Services through kube-proxy's iptables rules in the
+tier's network namespace; every connection to a Service is masqueraded (pods share one bridge, and the
+namespace has no bridge netfilter to un-NAT an answer switched from pod to pod).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from common.cluster_names import CLUSTER_DOMAIN
+from tools.control_plane import images as node_images
+from tools.control_plane import pki as tier_pki
+from tools.control_plane.build import CACHE
+from tools.control_plane.cluster import (
+    BRIDGE,
+    BRIDGE_ADDRESS,
+    BRIDGE_PREFIX,
+    SERVICE_CIDR,
+    Binaries,
+    kubeconfig,
+)
+from tools.control_plane.kube import Api
+from tools.control_plane.processes import Program, StartError, answers, stop_all
+
+# The real node's pods: addresses of the tier's bridge network (KWOK's are 10.244.1.0/24), the bridge's
+# own address their gateway (the bridge plugin refuses a bridge that holds another address).
+POD_RANGE = ("10.244.2.2", "10.244.2.254")
+CLUSTER_CIDR = f"10.244.0.0/{BRIDGE_PREFIX}"
+DNS_ADDRESS = BRIDGE_ADDRESS  # CoreDNS answers on the bridge, where every pod reaches the node
+KUBELET_PORT, KUBELET_HEALTH_PORT = 10250, 10248
+KUBE_PROXY_HEALTH_PORT, KUBE_PROXY_METRICS_PORT = 10256, 10249
+COREDNS_READY_PORT, COREDNS_HEALTH_PORT = 8181, 8180
+# Debian's containernetworking-plugins install their plugins here.
+CNI_BIN_DIR = "/usr/lib/cni"
+RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables")
+RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins")
+CGROUPS = Path("/sys/fs/cgroup")
+ROLE_LABEL_PREFIX = "node-role.kubernetes.io/"
+CGROUP_REMOVE_SECONDS = 10.0
+START_SECONDS = 120.0
+READY_SECONDS = 120.0
+IMPORT_SECONDS = 600.0
+
+
+# What tools.control_plane.images built for this checkout, which the tier's node loads.
+IMAGES_MANIFEST = CACHE / "node-images.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeImages:
+    archives: list[tuple[str, Path]]  # (the name the kubelet asks for, its archive)
+
+    @property
+    def pause(self) -> str:
+        (name,) = [name for name, _ in self.archives if name.startswith(node_images.PAUSE_REPOSITORY + ":")]
+        return name
+
+    @property
+    def helper(self) -> str:
+        return node_images.HELPER_IMAGE
+
+
+def write_images(built: list[node_images.NodeImage]) -> None:
+    IMAGES_MANIFEST.write_text(json.dumps([[image.name, str(image.archive)] for image in built], indent=2))
+
+
+def read_images() -> NodeImages | None:
+    if not IMAGES_MANIFEST.is_file():
+        return None
+    return NodeImages([(name, Path(archive)) for name, archive in json.loads(IMAGES_MANIFEST.read_text())])
+
+
+class NodeUnavailable(RuntimeError):
+    """This machine lacks a program the node needs; the message names it."""
+
+
+def missing_programs() -> list[str]:
+    missing = [name for name in RUNTIME_PROGRAMS if shutil.which(name) is None]
+    missing += [f"{CNI_BIN_DIR}/{plugin}" for plugin in ("bridge", "host-local", "loopback", "portmap")
+                if not Path(CNI_BIN_DIR, plugin).is_file()]
+    return missing
+
+
+def containerd_config(directory: Path, socket: Path, pause_image: str) -> str:
+    """containerd's configuration (version 2, containerd 1.6): its own root, state and socket; the CRI
+    plugin with the pause image the kubelet's Kubernetes pins, runc, cgroupfs (the kubelet's driver: no
+    systemd here) and the CNI plugins."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{directory / 'root'}"
+state = "{directory / 'state'}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{directory / 'opt'}"
+
+[{cri}]
+  sandbox_image = "{pause_image}"
+  enable_selinux = false
+  # The pods' network namespaces under the tier's state, not the machine's /run/netns.
+  netns_mounts_under_state_dir = true
+  # The machine may not grant CAP_SYS_RESOURCE (a container's root, as here): no pod's oom_score_adj
+  # below containerd's own, as rootless containerd runs.
+  restrict_oom_score_adj = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{directory / 'cni'}"
+"""
+
+
+def cni_network(directory: Path) -> dict:
+    """The pods' network: a veth on the tier's bridge each, addresses from POD_RANGE (leases under the
+    tier's directory, not the machine's /var/lib/cni), the bridge as their gateway; portmap for
+    hostPorts."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "tier",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(directory / "ipam"),
+                    "ranges": [[{
+                        "subnet": CLUSTER_CIDR,
+                        "rangeStart": POD_RANGE[0],
+                        "rangeEnd": POD_RANGE[1],
+                        "gateway": BRIDGE_ADDRESS,
+                    }]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def cgroup_dirs(name: str, cgroups: Path = CGROUPS) -> list[Path]:
+    """The node's cgroup `name` in every hierarchy: cgroup v2's one, or each of v1's controllers."""
+    if (cgroups / "cgroup.controllers").is_file():
+        return [cgroups / name]
+    return [hierarchy / name for hierarchy in sorted(cgroups.iterdir())
+            if not hierarchy.is_symlink() and (hierarchy / "cgroup.procs").is_file()]
+
+
+def kill_cgroup_trees(roots: list[Path]) -> None:
+    """Every process under `roots` killed, then the cgroups removed, deepest first. A cgroup may go
+    while this walks it (its pod's last process reaped): os.walk passes over what vanished."""
+    for root in roots:
+        for directory, _, _ in os.walk(root):
+            try:
+                pids = Path(directory, "cgroup.procs").read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    deadline = time.monotonic() + CGROUP_REMOVE_SECONDS
+    for root in roots:
+        for directory, _, _ in os.walk(root, topdown=False):
+            while os.path.isdir(directory):
+                try:
+                    os.rmdir(directory)
+                except OSError as error:  # busy until the kernel has reaped its killed processes
+                    if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
+
+
+def kubelet_config(
+    directory: Path, pki: tier_pki.Pki, serving: tier_pki.KeyPair, socket: Path, cgroup_root: str
+) -> dict:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": BRIDGE_ADDRESS,
+        "port": KUBELET_PORT,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": KUBELET_HEALTH_PORT,
+        "tlsCertFile": str(serving.cert),
+        "tlsPrivateKeyFile": str(serving.key),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(pki.ca.cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": f"unix://{socket}",
+        "cgroupDriver": "cgroupfs",
+        # The node's pods under a cgroup of its own: a second tier's kubelet on the machine would remove
+        # pod cgroups it does not know under the shared default root.
+        "cgroupRoot": cgroup_root,
+        "podLogsDir": str(directory / "pod-logs"),
+        "clusterDomain": CLUSTER_DOMAIN,
+        "clusterDNS": [DNS_ADDRESS],
+        # The machine's resolvers are outside the tier and unreachable from it: pods get the cluster's.
+        "resolvConf": str(directory / "resolv.conf"),
+        "failSwapOn": False,
+        "staticPodPath": "",
+        # The images cannot be pulled again (no registry): never collected, whatever the disk holds.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "imageMinimumGCAge": "87600h",
+        # A developer's disk may be fuller than a node's: evict on memory alone.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "0%", "imagefs.available": "0%",
+                         "nodefs.inodesFree": "0%"},
+        "serializeImagePulls": False,
+        "volumeStatsAggPeriod": "0s",
+        "nodeStatusReportFrequency": "10s",
+    }
+
+
+def kube_proxy_config(kubeconfig_path: Path, node_name: str) -> dict:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig_path)},
+        "hostnameOverride": node_name,
+        "mode": "iptables",
+        "clusterCIDR": CLUSTER_CIDR,
+        "bindAddress": BRIDGE_ADDRESS,
+        "healthzBindAddress": f"127.0.0.1:{KUBE_PROXY_HEALTH_PORT}",
+        "metricsBindAddress": f"127.0.0.1:{KUBE_PROXY_METRICS_PORT}",
+        "iptables": {"masqueradeAll": True},
+        # Zero leaves the machine's conntrack settings alone: a network namespace may not write them.
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
+def corefile(kubeconfig_path: Path) -> str:
+    """kubeadm's Corefile for the cluster domain, without `forward` (nothing outside the tier answers)."""
+    return f""".:53 {{
+    bind {DNS_ADDRESS}
+    errors
+    health 127.0.0.1:{COREDNS_HEALTH_PORT}
+    ready 127.0.0.1:{COREDNS_READY_PORT}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig_path}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 30
+    }}
+    cache 30
+}}
+"""
+
+
+@dataclasses.dataclass
+class RealNode:
+    """containerd, the kubelet, kube-proxy and CoreDNS for one node named `name`."""
+
+    directory: Path
+    binaries: Binaries
+    pki: tier_pki.Pki
+    name: str
+    labels: dict[str, str]
+    taints: list[dict]
+    images: NodeImages  # loaded into containerd at start
+    say: callable = print
+    programs: list[Program] = dataclasses.field(default_factory=list)
+
+    @property
+    def socket(self) -> Path:
+        return self.directory / "containerd" / "containerd.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/dist-ml-tier-{os.getpid()}"
+
+    def start(self, api: Api) -> None:
+        missing = missing_programs()
+        if missing:
+            raise NodeUnavailable(
+                f"the real node needs {', '.join(missing)} (Debian's containerd, runc, iptables and "
+                "containernetworking-plugins)"
+            )
+        # A node reaches Service addresses by its default route; the tier's namespace has none (nothing
+        # outside answers), so the service range is routed to the bridge, where kube-proxy's rules act.
+        subprocess.run(["ip", "route", "replace", SERVICE_CIDR, "dev", BRIDGE], check=True)
+        self._start_containerd()
+        self._import_images()
+        self._start_kubelet(api)
+        self._start_kube_proxy()
+        self._start_coredns()
+
+    def _program(self, name: str, command: list[str], ready, what: str = "ready") -> Program:
+        program = Program(name, command, self.directory / "logs" / f"{name}.log").start()
+        self.programs.append(program)
+        program.wait_until(ready, what, START_SECONDS)
+        return program
+
+    def _start_containerd(self) -> None:
+        runtime = self.directory / "containerd"
+        (runtime / "cni").mkdir(parents=True, exist_ok=True)
+        (runtime / "cni" / "10-tier.conflist").write_text(json.dumps(cni_network(runtime), indent=2))
+        config = runtime / "config.toml"
+        config.write_text(containerd_config(runtime, self.socket, self.images.pause))
+        self._program("containerd", ["containerd", "--config", str(config)], self.socket.exists, "listening")
+
+    def ctr(self, *args: str, timeout: float = IMPORT_SECONDS) -> str:
+        done = subprocess.run(
+            ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
+            capture_output=True, text=True, timeout=timeout,
+        )
+        if done.returncode != 0:
+            raise StartError(f"ctr {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def _import_images(self) -> None:
+        for image, archive in self.images.archives:
+            started = time.monotonic()
+            self.ctr("images", "import", "--no-unpack", str(archive))
+            self.say(f"control-plane: node image {image} loaded in {time.monotonic() - started:.0f} s")
+
+    def _client(self, name: str, common_name: str, organization: str | None) -> Path:
+        pair = tier_pki.issue_client(self.pki, self.directory / "pki", name, common_name, organization)
+        return kubeconfig(
+            self.directory / f"{name}.kubeconfig",
+            self.pki,
+            {"client-certificate": str(pair.cert), "client-key": str(pair.key)},
+        )
+
+    def _start_kubelet(self, api: Api) -> None:
+        kubelet = self.directory / "kubelet"
+        kubelet.mkdir(parents=True, exist_ok=True)
+        (kubelet / "resolv.conf").write_text("")
+        serving = tier_pki.issue_serving(self.pki, self.directory / "pki", "kubelet", (BRIDGE_ADDRESS,))
+        for directory in cgroup_dirs(self.cgroup_root.lstrip("/")):
+            directory.mkdir(exist_ok=True)
+        config = kubelet / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(kubelet_config(kubelet, self.pki, serving, self.socket, self.cgroup_root))
+        )
+        node_kubeconfig = self._client("kubelet", f"system:node:{self.name}", "system:nodes")
+        labels = ",".join(f"{key}={value}" for key, value in self.labels.items()
+                          if not key.startswith(ROLE_LABEL_PREFIX))
+        taints = ",".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in self.taints)
+        self._program(
+            "kubelet",
+            [
+                self.binaries["kubelet"],
+                f"--config={config}",
+                f"--kubeconfig={node_kubeconfig}",
+                f"--root-dir={kubelet / 'root'}",
+                f"--cert-dir={kubelet / 'pki'}",
+                f"--hostname-override={self.name}",
+                f"--node-ip={BRIDGE_ADDRESS}",
+                *([f"--node-labels={labels}"] if labels else []),
+                *([f"--register-with-taints={taints}"] if taints else []),
+            ],
+            answers(f"http://127.0.0.1:{KUBELET_HEALTH_PORT}/healthz"),
+        )
+        # Roles are not the kubelet's to set (NodeRestriction): the cluster's admin sets them, as k3s does.
+        roles = {key: value for key, value in self.labels.items() if key.startswith(ROLE_LABEL_PREFIX)}
+        deadline = time.monotonic() + READY_SECONDS
+        while not node_ready(api, self.name):
+            if time.monotonic() > deadline:
+                raise StartError(f"node {self.name} not Ready after {READY_SECONDS:g} s:\n"
+                                 f"{self.programs[-1].tail()}")
+            time.sleep(0.5)
+        if roles:
+            api.patch("v1", "Node", self.name, {"metadata": {"labels": roles}})
+
+    def _start_kube_proxy(self) -> None:
+        proxy_kubeconfig = self._client("kube-proxy", "system:kube-proxy", None)
+        config = self.directory / "kube-proxy.yaml"
+        config.write_text(yaml.safe_dump(kube_proxy_config(proxy_kubeconfig, self.name)))
+        self._program(
+            "kube-proxy",
+            [self.binaries["kube-proxy"], f"--config={config}"],
+            answers(f"http://127.0.0.1:{KUBE_PROXY_HEALTH_PORT}/healthz"),
+        )
+
+    def _start_coredns(self) -> None:
+        admin = self.directory.parent / "admin.kubeconfig"
+        config = self.directory / "Corefile"
+        config.write_text(corefile(admin))
+        self._program(
+            "coredns",
+            [self.binaries["coredns"], "-conf", str(config)],
+            answers(f"http://127.0.0.1:{COREDNS_READY_PORT}/ready"),
+        )
+
+    def announce(self) -> None:
+        versions = self.binaries.versions
+        self.say(
+            f"control-plane: node {self.name}: kubelet and kube-proxy {versions['kubelet']}, "
+            f"{runtime_versions()}, CoreDNS {versions['coredns']} ({CLUSTER_DOMAIN}); images: "
+            + ", ".join(name for name, _ in self.images.archives)
+        )
+
+    def stop(self) -> None:
+        """The node's programs, then its pods' processes (containerd's shims outlive it, and the
+        containers their shims), its shims, and its cgroups."""
+        runtime = [program for program in self.programs if program.name == "containerd"]
+        stop_all([program for program in self.programs if program not in runtime])
+        kill_cgroup_trees(cgroup_dirs(self.cgroup_root.lstrip("/")))
+        shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}"],
+                               capture_output=True, text=True).stdout.split()
+        for pid in shims:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stop_all(runtime)
+
+
+def node_ready(api: Api, name: str) -> bool:
+    found = api.get("v1", "Node", name)
+    conditions = ((found or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def runtime_versions() -> str:
+    """The runtime's Debian packages and their versions, as dpkg has them."""
+    versions = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package} ${Version}\\n", *RUNTIME_PACKAGES],
+        capture_output=True, text=True,
+    ).stdout.strip().splitlines()
+    return ", ".join(versions) + " (Debian's packages)"
