@@ -10,6 +10,7 @@ namespace sees, and nothing inside can reach any address outside. `up` prints ho
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -73,9 +74,12 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     try:
-        built = build.build_all()
-        build.write_manifest(built)
-        build_node_images()
+        # The images' builds wait mostly on PyPI and the disk, the Go builds on the cores: side by side.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
+            node_images = beside.submit(build_node_images)
+            built = build.build_all()
+            build.write_manifest(built)
+            node_images.result()
         if argv[0] == "test":
             return in_namespaces(
                 sys.executable, "-m", "pytest", TESTS, "-p", "no:xdist", "-p", PLUGIN, *argv[1:]

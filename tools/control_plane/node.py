@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -60,6 +61,8 @@ CNI_BIN_DIR = "/usr/lib/cni"
 RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables")
 RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins")
 CGROUPS = Path("/sys/fs/cgroup")
+# containerd's root that tiers share, one at a time, outside the clone beside the images' archives.
+SHARED_ROOT = node_images.CACHE.parent / "node-containerd"
 ROLE_LABEL_PREFIX = "node-role.kubernetes.io/"
 CGROUP_REMOVE_SECONDS = 10.0
 START_SECONDS = 120.0
@@ -106,16 +109,21 @@ def missing_programs() -> list[str]:
     return missing
 
 
-def containerd_config(directory: Path, socket: Path, pause_image: str) -> str:
-    """containerd's configuration (version 2, containerd 1.6): its own root, state and socket; the CRI
-    plugin with the pause image the kubelet's Kubernetes pins, runc, cgroupfs (the kubelet's driver: no
-    systemd here) and the CNI plugins."""
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
+def containerd_config(
+    directory: Path, socket: Path, pause_image: str, root: Path | None = None, cri: bool = True
+) -> str:
+    """containerd's configuration (version 2, containerd 1.6): its root (`root`, else under
+    `directory`), state and socket; the CRI plugin (unless `cri` is false) with the pause image the
+    kubelet's Kubernetes pins, runc, cgroupfs (the kubelet's driver: no systemd here) and the CNI
+    plugins."""
+    plugin = "io.containerd.grpc.v1.cri"
+    cri_off = f', "{plugin}"' if not cri else ""
+    cri = f'plugins."{plugin}"'
     return f"""version = 2
-root = "{directory / 'root'}"
+root = "{root or directory / 'root'}"
 state = "{directory / 'state'}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"{cri_off}]
 
 [grpc]
   address = "{socket}"
@@ -301,6 +309,8 @@ class RealNode:
     labels: dict[str, str]
     taints: list[dict]
     images: NodeImages  # loaded into containerd at start
+    root: Path | None = None  # containerd's: the shared store, or the tier's own
+    _lock: object = None  # the shared store's, while this node holds it
     say: callable = print
     programs: list[Program] = dataclasses.field(default_factory=list)
 
@@ -334,13 +344,44 @@ class RealNode:
         program.wait_until(ready, what, START_SECONDS)
         return program
 
+    def _shared_root(self) -> Path | None:
+        """The store outside the clone whose images (gigabytes, unpacked) a warm run reuses, held for
+        this tier alone; None when another tier on the machine holds it (this one gets its own)."""
+        SHARED_ROOT.mkdir(parents=True, exist_ok=True)
+        self._lock = (SHARED_ROOT.parent / f"{SHARED_ROOT.name}.lock").open("w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.say("control-plane: another tier holds the node's shared image store: loading a store of "
+                     "this tier's own")
+            return None
+        return SHARED_ROOT
+
     def _start_containerd(self) -> None:
         runtime = self.directory / "containerd"
         (runtime / "cni").mkdir(parents=True, exist_ok=True)
         (runtime / "cni" / "10-tier.conflist").write_text(json.dumps(cni_network(runtime), indent=2))
+        self.root = self._shared_root() or runtime / "root"
+        if self.root == SHARED_ROOT:
+            self._forget_containers(runtime)
         config = runtime / "config.toml"
-        config.write_text(containerd_config(runtime, self.socket, self.images.pause))
+        config.write_text(containerd_config(runtime, self.socket, self.images.pause, self.root))
         self._program("containerd", ["containerd", "--config", str(config)], self.socket.exists, "listening")
+
+    def _forget_containers(self, runtime: Path) -> None:
+        """The containers an earlier tier left in the shared store (its pods, killed with it), removed
+        before the CRI plugin starts and would take them for this node's: containerd alone, then them."""
+        config = runtime / "forget.toml"
+        config.write_text(containerd_config(runtime, self.socket, self.images.pause, self.root, cri=False))
+        program = Program("containerd-forget", ["containerd", "--config", str(config)],
+                          self.directory / "logs" / "containerd-forget.log").start()
+        try:
+            program.wait_until(self.socket.exists, "listening", START_SECONDS)
+            for container in self.ctr("containers", "list", "--quiet").split():
+                self.ctr("containers", "delete", container)
+        finally:
+            program.stop()
+            self.socket.unlink(missing_ok=True)
 
     def ctr(self, *args: str, timeout: float = IMPORT_SECONDS) -> str:
         done = subprocess.run(
@@ -352,9 +393,20 @@ class RealNode:
         return done.stdout
 
     def _import_images(self) -> None:
+        """Each archive imported, but one the store already holds from the same build (its exporter's
+        stamp: the image's ID)."""
+        record = self.root / "dist-ml-imported.json"
+        imported = json.loads(record.read_text()) if record.is_file() else {}
         for image, archive in self.images.archives:
+            stamp = archive.with_suffix(".id")
+            built = stamp.read_text() if stamp.is_file() else None
+            if built is not None and imported.get(image) == built:
+                self.say(f"control-plane: node image {image} (in the store)")
+                continue
             started = time.monotonic()
             self.ctr("images", "import", "--no-unpack", str(archive))
+            imported[image] = built
+            record.write_text(json.dumps(imported, indent=2))
             self.say(f"control-plane: node image {image} loaded in {time.monotonic() - started:.0f} s")
 
     def _client(self, name: str, common_name: str, organization: str | None) -> Path:
@@ -448,6 +500,8 @@ class RealNode:
             except ProcessLookupError:
                 pass
         stop_all(runtime)
+        if self._lock is not None:
+            self._lock.close()
 
 
 def node_ready(api: Api, name: str) -> bool:
