@@ -7,9 +7,10 @@
 - CoreDNS from its Go module, at the version kubeadm of that Kubernetes installs, serving the cluster
   domain the stacks assume (cluster.local) on the bridge's address, the node's DNS for its pods.
 
-Everything lives under the tier's directory (containerd's root and state, the kubelet's, the CNI's
-address leases) but the images' archives, which tools/control_plane/images.py builds and caches outside
-the clone; containerd imports them at start under the names the rendered stack uses.
+Everything lives under the tier's directory (containerd's state, the kubelet's, the CNI's address
+leases) but the images: tools/control_plane/images.py builds and caches their archives outside the
+clone, and containerd imports them at start under the names the rendered stack uses into a root shared
+by the tiers of this machine one at a time (SHARED_ROOT), so that a warm run imports nothing.
 
 The node registers with a client certificate of `system:node:<name>` (the API server's Node authorizer
 and NodeRestriction judge it, as on a kubeadm node); kube-proxy as `system:kube-proxy` (bound by the
