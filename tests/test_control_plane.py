@@ -229,3 +229,13 @@ def test_coredns_and_the_pause_image_are_the_versions_kubeadm_of_our_kubernetes_
     assert components.kubeadm_constant(tmp_path, "CoreDNSVersion") == "v1.12.0"
     with pytest.raises(components.PinError, match="EtcdVersion"):
         components.kubeadm_constant(tmp_path, "EtcdVersion")
+
+
+def test_the_node_knows_the_machines_root_from_a_user_namespaces(tmp_path):
+    from tools.control_plane import node
+
+    uid_map = tmp_path / "uid_map"
+    uid_map.write_text("         0          0 4294967295\n")
+    assert node.real_root(uid_map)
+    uid_map.write_text("         0       1000          1\n")  # unshare --user --map-root-user
+    assert not node.real_root(uid_map)

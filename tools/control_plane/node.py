@@ -103,6 +103,12 @@ class NodeUnavailable(RuntimeError):
     """This machine lacks a program the node needs; the message names it."""
 
 
+def real_root(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
+    """Root of the machine, not of a user namespace (where the tier runs for other users): the kubelet and
+    containerd need the machine's cgroups."""
+    return uid_map.read_text().split()[:3] == ["0", "0", "4294967295"]
+
+
 def missing_programs() -> list[str]:
     missing = [name for name in RUNTIME_PROGRAMS if shutil.which(name) is None]
     missing += [f"{CNI_BIN_DIR}/{plugin}" for plugin in ("bridge", "host-local", "loopback", "portmap")
@@ -324,6 +330,8 @@ class RealNode:
         return f"/dist-ml-tier-{os.getpid()}"
 
     def start(self, api: Api) -> None:
+        if not real_root():
+            raise NodeUnavailable("the real node needs root (a cgroup hierarchy of its own, containerd)")
         missing = missing_programs()
         if missing:
             raise NodeUnavailable(
