@@ -129,3 +129,12 @@ def test_an_unreachable_debian_mirror_is_unavailable_not_a_build_error(monkeypat
     monkeypatch.setattr(images, "run", unreachable)
     with pytest.raises(build.Unavailable, match="Debian's mirror cannot be reached"):
         images.build_standin()
+
+
+def test_an_images_archives_under_older_tags_are_stale_and_no_other_repositorys(tmp_path, monkeypatch):
+    monkeypatch.setattr(images, "ARCHIVES", tmp_path)
+    for name in ("docker.io/dist-ml/trainer:aaa", "docker.io/dist-ml/trainer:bbb",
+                 "docker.io/dist-ml/trainer-gpu:aaa", "docker.io/dist-ml/serving:aaa"):
+        images.archive_path(name).write_bytes(b"")
+    assert images.stale_archives("docker.io/dist-ml/trainer:bbb") == [
+        images.archive_path("docker.io/dist-ml/trainer:aaa")]

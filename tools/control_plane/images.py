@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -338,7 +339,19 @@ def export(name: str) -> Path:
     buildah("push", "--quiet", name, f"docker-archive:{partial}:{name}")
     partial.replace(archive)
     stamp.write_text(identity or "")
+    for stale in stale_archives(name):  # gigabytes each: every code change is a new tag
+        stale.unlink(missing_ok=True)
+        stale.with_suffix(".id").unlink(missing_ok=True)
     return archive
+
+
+def stale_archives(name: str) -> list[Path]:
+    """The archives of `name`'s repository under another tag."""
+    repository, _, _ = name.rpartition(":")
+    prefix = archive_path(repository + ":").name.removesuffix(".tar")
+    current = archive_path(name)
+    return [path for path in ARCHIVES.glob(f"{glob.escape(prefix)}*.tar")
+            if path != current and "_" not in path.name.removeprefix(prefix)]
 
 
 def image_names(pause: PauseSource) -> dict[str, str]:

@@ -417,6 +417,11 @@ class RealNode:
             imported[image] = built
             record.write_text(json.dumps(imported, indent=2))
             self.say(f"control-plane: node image {image} loaded in {time.monotonic() - started:.0f} s")
+        current = {image for image, _ in self.images.archives}
+        for stale in set(self.ctr("images", "list", "--quiet").split()) - current:
+            if not stale.startswith("sha256:"):  # the store's own digests go with their names
+                self.ctr("images", "remove", stale)
+        record.write_text(json.dumps({image: imported.get(image) for image in current}, indent=2))
 
     def _client(self, name: str, common_name: str, organization: str | None) -> Path:
         pair = tier_pki.issue_client(self.pki, self.directory / "pki", name, common_name, organization)
