@@ -9,6 +9,7 @@ import pytest
 
 from common import pod_security
 from common.cluster_names import CLUSTER_DOMAIN
+from engines.base import condition
 from infra.images import BASE_IMAGES, image_ref
 from tools.control_plane import images
 from tools.control_plane.nodes import REAL_NODE_TAINT
@@ -101,8 +102,7 @@ def test_a_service_is_reached_through_kube_proxy_from_a_pod_and_from_outside_the
     })
 
     def ready():
-        conditions = tier.api.get("v1", "Pod", "web", NAMESPACE)["status"].get("conditions") or []
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        return condition(tier.api.get("v1", "Pod", "web", NAMESPACE), "Ready")
 
     tier.api.wait(ready, "the web pod Ready through its probe", RUN_SECONDS)
     # busybox's nc, not its wget: the static wget crashes without the NSS files a scratch image lacks

@@ -22,7 +22,7 @@ HELM_VERSION = "v3.22.0"
 JOBSET_RELEASE = re.compile(r"kubernetes-sigs/jobset/releases/download/(v[0-9]+\.[0-9]+\.[0-9]+)/")
 K3S_IMAGE = re.compile(r"^rancher/k3s:(v[0-9]+\.[0-9]+\.[0-9]+)-k3s[0-9]+$")
 # What kubeadm of the pinned Kubernetes installs beside it (cmd/kubeadm/app/constants/constants.go): the
-# real node's cluster DNS and its pods' sandbox image.
+# real node's cluster DNS.
 KUBEADM_CONSTANTS = Path("cmd", "kubeadm", "app", "constants", "constants.go")
 KUBEADM_CONSTANT = r'^\s*{name}\s*=\s*"([^"]+)"'
 
@@ -135,7 +135,7 @@ def coredns(version: str) -> Component:
 
 
 def kubeadm_constant(kubernetes_module_dir: Path, name: str) -> str:
-    """A version kubeadm pins (CoreDNSVersion, PauseVersion), read from the Kubernetes module."""
+    """A version kubeadm pins (CoreDNSVersion), read from the Kubernetes module."""
     source = kubernetes_module_dir / KUBEADM_CONSTANTS
     found = re.findall(KUBEADM_CONSTANT.format(name=name), source.read_text(), re.MULTILINE)
     if len(found) != 1:

@@ -35,9 +35,10 @@ from pathlib import Path
 import yaml
 
 from common.cluster_names import CLUSTER_DOMAIN
+from engines.base import condition
 from tools.control_plane import images as node_images
 from tools.control_plane import pki as tier_pki
-from tools.control_plane.build import CACHE
+from tools.control_plane.build import CACHE, Unavailable
 from tools.control_plane.cluster import (
     BRIDGE,
     BRIDGE_ADDRESS,
@@ -64,7 +65,6 @@ RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins")
 CGROUPS = Path("/sys/fs/cgroup")
 # containerd's root that tiers share, one at a time, outside the clone beside the images' archives.
 SHARED_ROOT = node_images.CACHE.parent / "node-containerd"
-ROLE_LABEL_PREFIX = "node-role.kubernetes.io/"
 CGROUP_REMOVE_SECONDS = 10.0
 START_SECONDS = 120.0
 READY_SECONDS = 120.0
@@ -97,10 +97,6 @@ def read_images() -> NodeImages | None:
     if not IMAGES_MANIFEST.is_file():
         return None
     return NodeImages([(name, Path(archive)) for name, archive in json.loads(IMAGES_MANIFEST.read_text())])
-
-
-class NodeUnavailable(RuntimeError):
-    """This machine lacks a program the node needs; the message names it."""
 
 
 def real_root(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
@@ -331,10 +327,10 @@ class RealNode:
 
     def start(self, api: Api) -> None:
         if not real_root():
-            raise NodeUnavailable("the real node needs root (a cgroup hierarchy of its own, containerd)")
+            raise Unavailable("the real node needs root (a cgroup hierarchy of its own, containerd)")
         missing = missing_programs()
         if missing:
-            raise NodeUnavailable(
+            raise Unavailable(
                 f"the real node needs {', '.join(missing)} (Debian's containerd, runc, iptables and "
                 "containernetworking-plugins)"
             )
@@ -443,10 +439,9 @@ class RealNode:
             yaml.safe_dump(kubelet_config(kubelet, self.pki, serving, self.socket, self.cgroup_root))
         )
         node_kubeconfig = self._client("kubelet", f"system:node:{self.name}", "system:nodes")
-        labels = ",".join(f"{key}={value}" for key, value in self.labels.items()
-                          if not key.startswith(ROLE_LABEL_PREFIX))
+        labels = ",".join(f"{key}={value}" for key, value in self.labels.items())
         taints = ",".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in self.taints)
-        self._program(
+        kubelet_program = self._program(
             "kubelet",
             [
                 self.binaries["kubelet"],
@@ -461,16 +456,9 @@ class RealNode:
             ],
             answers(f"http://127.0.0.1:{KUBELET_HEALTH_PORT}/healthz"),
         )
-        # Roles are not the kubelet's to set (NodeRestriction): the cluster's admin sets them, as k3s does.
-        roles = {key: value for key, value in self.labels.items() if key.startswith(ROLE_LABEL_PREFIX)}
-        deadline = time.monotonic() + READY_SECONDS
-        while not node_ready(api, self.name):
-            if time.monotonic() > deadline:
-                raise StartError(f"node {self.name} not Ready after {READY_SECONDS:g} s:\n"
-                                 f"{self.programs[-1].tail()}")
-            time.sleep(0.5)
-        if roles:
-            api.patch("v1", "Node", self.name, {"metadata": {"labels": roles}})
+        kubelet_program.wait_until(
+            lambda: node_ready(api, self.name), f"node {self.name} Ready", READY_SECONDS
+        )
 
     def _start_kube_proxy(self) -> None:
         proxy_kubeconfig = self._client("kube-proxy", "system:kube-proxy", None)
@@ -519,9 +507,7 @@ class RealNode:
 
 
 def node_ready(api: Api, name: str) -> bool:
-    found = api.get("v1", "Node", name)
-    conditions = ((found or {}).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return condition(api.get("v1", "Node", name) or {}, "Ready") is not None
 
 
 def runtime_versions() -> str:

@@ -16,7 +16,7 @@ import pytest
 from stacks import render
 from tools.control_plane import build, node, nodes, stacks
 from tools.control_plane.build import in_ci
-from tools.control_plane.node import NodeUnavailable, RealNode
+from tools.control_plane.node import RealNode
 from tools.control_plane.tier import Tier
 
 WORKFLOW_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's namespace and pipeline.serviceAccountName
@@ -29,15 +29,18 @@ def local_render() -> tuple[render.Rendered, str]:
     return stacks.local_stack()
 
 
+def unavailable(message: str) -> None:
+    if in_ci():
+        pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def tier(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, local_render):
     if not build.MANIFEST.is_file():
-        message = (
+        unavailable(
             "the tier's programs are not built: python -m tools.control_plane.build (make test-cluster does)"
         )
-        if in_ci():
-            pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
-        pytest.skip(message)
     rendered, cluster_name = local_render
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
 
@@ -55,12 +58,6 @@ def tier(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, 
         started.stop()
 
 
-def unavailable(message: str) -> None:
-    if in_ci():
-        pytest.fail(f"{message} (CI=true, so not skipped)", pytrace=False)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="session")
 def real_node(tier: Tier) -> RealNode:
     """The real node (containerd, runc, the kubelet, kube-proxy, CoreDNS), started the first time a
@@ -70,7 +67,7 @@ def real_node(tier: Tier) -> RealNode:
         unavailable("the node's images are not built: python -m tools.control_plane.images")
     try:
         return tier.start_real_node(built)
-    except NodeUnavailable as missing:
+    except build.Unavailable as missing:
         unavailable(str(missing))
 
 
