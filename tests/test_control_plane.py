@@ -93,6 +93,23 @@ def test_the_wrapper_repeats_upstreams_replaces_and_releases_kubernetes_staging_
     )
 
 
+def test_argoexec_is_built_static_from_a_copy_of_argos_module_with_its_links_restored(tmp_path, monkeypatch):
+    """Go's module zips drop symbolic links, and Argo's Linux signal handling is one
+    (signal_linux.go -> signal_darwin.go): the copy restores it, and the wrapper builds from the copy."""
+    module = tmp_path / "argo@v4.0.5"
+    (module / "workflow" / "executor" / "osspecific").mkdir(parents=True)
+    (module / "workflow" / "executor" / "osspecific" / "signal_darwin.go").write_text("package osspecific\n")
+    (module / "workflow" / "executor" / "osspecific").chmod(0o555)  # as the module cache has it
+    monkeypatch.setattr(build, "stamped_binaries_dir", lambda component: tmp_path / "stamped" / "x")
+    component = components.argoexec("v4.0.5")
+    assert component.static and component.module == components.argo("v4.0.5").module
+    source = build.with_links(component, module)
+    linked = source / "workflow" / "executor" / "osspecific" / "signal_linux.go"
+    assert linked.read_text() == "package osspecific\n"
+    wrapper = build.wrapper_go_mod(component, {"Go": "1.24.0"}, source)
+    assert f"github.com/argoproj/argo-workflows/v4 v4.0.5 => {source}" in wrapper
+
+
 def test_kubernetes_programs_carry_their_release_as_its_build_stamps_it():
     flags = build.release_ldflags("v1.33.4")
     for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):

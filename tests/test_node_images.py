@@ -138,3 +138,15 @@ def test_an_images_archives_under_older_tags_are_stale_and_no_other_repositorys(
         images.archive_path(name).write_bytes(b"")
     assert images.stale_archives("docker.io/dist-ml/trainer:bbb") == [
         images.archive_path("docker.io/dist-ml/trainer:aaa")]
+
+
+def test_argos_executor_image_is_the_one_the_stacks_controller_config_names():
+    from pipeline.argo import executor_config
+    from tools.control_plane import components
+
+    assert images.executor_name() == executor_config(components.pins().argo)["image"]
+    executor = images.PROGRAM_IMAGES["argoexec"]
+    # Upstream's argoexec-nonroot: a user of its own, which the restricted step pods require.
+    assert executor.user == 8737 and executor.path == "/bin/argoexec"
+    assert executor.command in components.argoexec("v4.0.5").commands
+    assert images.PROGRAM_IMAGES["kserve-agent"].command in components.kserve_agent("v0.20.0").commands

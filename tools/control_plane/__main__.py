@@ -1,6 +1,7 @@
 """The control-plane tier's commands.
 
     python -m tools.control_plane test [PYTEST ARGS]   # build, then run tests/cluster/ (make test-cluster)
+    python -m tools.control_plane e2e [PYTEST ARGS]    # build, then tests/e2e_node/ (make test-e2e)
     python -m tools.control_plane up                   # build, start the tier, wait for Ctrl-C
 
 Both run inside a network and mount namespace of their own (util-linux `unshare`; unprivileged users
@@ -19,7 +20,8 @@ import sys
 from tools.control_plane import build, images, node
 from tools.control_plane.cluster import NAMESPACE_ENV
 
-TESTS = "tests/cluster"
+# Each in a tier of its own: the end-to-end run takes the real node as the cluster's one node.
+TESTS = {"test": "tests/cluster", "e2e": "tests/e2e_node"}
 PLUGIN = "tools.control_plane.pytest_plugin"
 
 
@@ -56,13 +58,15 @@ def unavailable(missing: build.Unavailable) -> int:
     return 0
 
 
-def build_node_images() -> None:
-    """The real node's images, its manifest written when they are all built. Without buildah and its
-    kin (or PyPI) the node's tests skip, saying why, and the rest of the tier runs; under CI=true it
-    fails like a missing Go."""
+def build_node_images(programs: concurrent.futures.Future) -> None:
+    """The real node's images, its manifest written when they are all built (Argo's executor and
+    KServe's agent from the tier's Go build, `programs`, so last). Without buildah and its kin (or
+    PyPI) the node's tests skip, saying why, and the rest of the tier runs; under CI=true it fails
+    like a missing Go."""
     node.IMAGES_MANIFEST.unlink(missing_ok=True)
     try:
-        node.write_images(images.build_images())
+        built = images.build_images()
+        node.write_images([*built, *images.program_images(programs.result())])
     except build.Unavailable as missing:
         if build.in_ci():
             raise
@@ -70,19 +74,25 @@ def build_node_images() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("test", "up"):
+    if not argv or argv[0] not in (*TESTS, "up"):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     try:
         # The images' builds wait mostly on PyPI and the disk, the Go builds on the cores: side by side.
+        programs: concurrent.futures.Future = concurrent.futures.Future()
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
-            node_images = beside.submit(build_node_images)
-            built = build.build_all()
+            node_images = beside.submit(build_node_images, programs)
+            try:
+                built = build.build_all()
+            except BaseException as error:
+                programs.set_exception(error)
+                raise
+            programs.set_result(built)
             build.write_manifest(built)
             node_images.result()
-        if argv[0] == "test":
+        if argv[0] in TESTS:
             return in_namespaces(
-                sys.executable, "-m", "pytest", TESTS, "-p", "no:xdist", "-p", PLUGIN, *argv[1:]
+                sys.executable, "-m", "pytest", TESTS[argv[0]], "-p", "no:xdist", "-p", PLUGIN, *argv[1:]
             )
         return in_namespaces(sys.executable, "-m", "tools.control_plane.up")
     except build.Unavailable as missing:

@@ -14,6 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 STACKS = ("local", "gke")
 # KWOK simulates the nodes and the pods' lifecycle: the tier's own tool, not something a stack installs.
 KWOK_VERSION = "v0.8.0"
+# k3s' storage class (local-path) is served by rancher/local-path-provisioner, which k3s ships built in;
+# the tier runs it from its module: v0.0.30, the newest release the module proxy serves whose checksum
+# the checksum database verifies (v0.0.31 and v0.0.32 are not served, v0.0.33 is not in sum.golang.org).
+LOCAL_PATH_VERSION = "v0.0.30"
 # Helm renders the charts the stacks install (Kueue's, KServe's) with the values the stacks give them,
 # as Pulumi's helm.v4.Chart does with Helm v3's engine.
 HELM_VERSION = "v3.22.0"
@@ -40,6 +44,9 @@ class Component:
     version: str
     commands: tuple[str, ...]  # main packages, built with `go tool`
     pinned_by: str  # where the version comes from, for the start line
+    static: bool = False  # built without cgo: the program runs in an image without a C library
+    links: tuple[tuple[str, str], ...] = ()  # (path, target): upstream's symbolic links, restored
+
 
     def command(self, package_suffix: str) -> str:
         """The full package path of the command whose path ends with `package_suffix`."""
@@ -115,6 +122,32 @@ def argo(version: str) -> Component:
     )
 
 
+# Files Argo keeps as symbolic links, which Go's module zips leave out (golang.org/x/mod/zip takes
+# regular files only): as served, the module's argoexec does not build on Linux (undefined: Setpgid).
+ARGOEXEC_LINKS = (("workflow/executor/osspecific/signal_linux.go", "signal_darwin.go"),)
+
+
+def argoexec(version: str) -> Component:
+    """Argo's executor, from the module of the workflow controller the tier runs, its links restored."""
+    return Component(
+        "argoexec",
+        "github.com/argoproj/argo-workflows/v4",
+        version,
+        ("github.com/argoproj/argo-workflows/v4/cmd/argoexec",),
+        "the workflow controller the tier runs",
+        static=True,  # copied into every step's container, whatever its C library (upstream: CGO_ENABLED=0)
+        links=ARGOEXEC_LINKS,
+    )
+
+
+def kserve_agent(version: str) -> Component:
+    """KServe's agent (the predictor's logger sidecar), static as its agent.Dockerfile builds it."""
+    return Component(
+        "kserve-agent", "github.com/kserve/kserve", version, ("github.com/kserve/kserve/cmd/agent",),
+        "platform.kserveVersion", static=True,
+    )
+
+
 def keda(version: str) -> Component:
     keda_cmd = "github.com/kedacore/keda/v2/cmd/"
     return Component(
@@ -146,6 +179,13 @@ def kubeadm_constant(kubernetes_module_dir: Path, name: str) -> str:
 def helm(version: str = HELM_VERSION) -> Component:
     return Component(
         "helm", "helm.sh/helm/v3", version, ("helm.sh/helm/v3/cmd/helm",), "the tier (HELM_VERSION)"
+    )
+
+
+def local_path_provisioner(version: str = LOCAL_PATH_VERSION) -> Component:
+    return Component(
+        "local-path-provisioner", "github.com/rancher/local-path-provisioner", version,
+        ("github.com/rancher/local-path-provisioner",), "the tier (LOCAL_PATH_VERSION; k3s ships it)",
     )
 
 

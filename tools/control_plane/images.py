@@ -13,7 +13,11 @@ no registry) and exported as archives that containerd loads (`ctr -n k8s.io imag
   module the tier builds, compiled with its Makefile's flags, in its own Dockerfile, named as upstream
   names it (registry.k8s.io/pause:<its Makefile's TAG>);
 - the helper image of rancher/local-path-provisioner's helper pods (its deploy manifest's
-  helperPod.yaml runs docker.io/library/busybox): Debian's busybox-static and its applets' links.
+  helperPod.yaml runs docker.io/library/busybox): Debian's busybox-static and its applets' links;
+- upstream programs' images (PROGRAM_IMAGES): Argo's executor (argoexec, from the module of the workflow
+  controller the tier runs) and KServe's agent (the predictor's request logger), static programs of the
+  tier's Go build (so built after it: `program_images`), laid out as their upstream Dockerfiles lay
+  them out, named as the cluster's config (the stacks' Argo config map, KServe's chart) names them.
 
     python -m tools.control_plane.images [IMAGE ...]   # all, or those named: trainer, pause, busybox, ...
 
@@ -25,7 +29,8 @@ builds every layer from the cache and exports nothing. Prints a line per image.
 Under CI=true a missing buildah, mmdebstrap, gcc, busybox-static or an unreachable PyPI or Debian
 mirror fails, naming it; elsewhere it says so and exits 0, and the caller skips
 (tools.control_plane.build.Unavailable).
-Standard library only, besides the project's own image names (infra.images, in the dev venv).
+Standard library and PyYAML (KServe's chart values), besides the project's own image names (infra.images);
+it runs in the dev venv.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import yaml
 
 from infra.images import BASE_IMAGES, image_ref
 from tools.control_plane import build, components
@@ -318,6 +325,79 @@ def build_helper() -> None:
             (bin_dir / applet).symlink_to("busybox")
     (context / "Containerfile").write_text(HELPER_CONTAINERFILE)
     buildah(*BUILD, "-t", HELPER_IMAGE, "-f", str(context / "Containerfile"), str(context))
+
+
+# --- Upstream programs' images: Argo's executor, KServe's agent -----------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ProgramImage:
+    """One static Go program of the tier's build in a scratch image, laid out as its upstream Dockerfile
+    lays it out on distroless static."""
+
+    command: str  # the main package (tools.control_plane.build's manifest key)
+    path: str  # where upstream's Dockerfile puts it
+    user: int  # upstream's USER (distroless' `nonroot` is 65532)
+    name: callable  # () -> the image's name, as the cluster's config asks for it
+
+
+def executor_name() -> str:
+    """The executor image the stacks' workflow-controller config names (pipeline.argo.executor_config)."""
+    from pipeline.argo import EXECUTOR_IMAGE
+
+    return EXECUTOR_IMAGE.format(version=components.pins().argo)
+
+
+def kserve_agent_name() -> str:
+    """The agent image KServe's chart configures (charts/kserve-resources/values.yaml: kserve.agent's
+    image and tag, the chart's kserve.version when the tag is empty); the stacks leave it as it is."""
+    module_dir = Path(build.download("github.com/kserve/kserve", components.pins().kserve)["Dir"])
+    chart_values = module_dir / "charts" / "kserve-resources" / "values.yaml"
+    values = yaml.safe_load(chart_values.read_text())["kserve"]
+    return f"{values['agent']['image']}:{values['agent']['tag'] or values['version']}"
+
+
+PROGRAM_IMAGES = {
+    # Argo's Dockerfile, target argoexec-nonroot: /bin/argoexec, USER 8737.
+    "argoexec": ProgramImage("github.com/argoproj/argo-workflows/v4/cmd/argoexec", "/bin/argoexec", 8737,
+                             executor_name),
+    # KServe's agent.Dockerfile: /ko-app/agent on distroless static:nonroot. The predictor's logger.
+    "kserve-agent": ProgramImage("github.com/kserve/kserve/cmd/agent", "/ko-app/agent", 65532,
+                                 kserve_agent_name),
+}
+PROGRAM_CONTAINERFILE = """\
+FROM scratch
+COPY rootfs/ /
+ENV PATH=/bin:{directory}
+USER {user}
+ENTRYPOINT ["{path}"]
+"""
+
+
+def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
+    """`binary` at its upstream path in a scratch image, with the /tmp a program may write to."""
+    context = CACHE / "programs" / Path(image.path).name
+    rootfs = context / "rootfs"
+    if rootfs.exists():
+        shutil.rmtree(rootfs)
+    target = rootfs / image.path.lstrip("/")
+    target.parent.mkdir(parents=True)
+    (rootfs / "tmp").mkdir(exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
+    shutil.copy2(binary, target)
+    (context / "Containerfile").write_text(PROGRAM_CONTAINERFILE.format(
+        directory=Path(image.path).parent, user=image.user, path=image.path))
+    buildah(*BUILD, "-t", name, "-f", str(context / "Containerfile"), str(context))
+
+
+def program_images(built_programs: list[build.Built], say=print) -> list[NodeImage]:
+    """The upstream programs' images, from the static programs the tier's Go build made."""
+    binaries = {command: path for item in built_programs for command, path in item.binaries.items()}
+    exported = []
+    for image in PROGRAM_IMAGES.values():
+        name = qualified(image.name())
+        built(name, functools.partial(build_program_image, image, name, Path(binaries[image.command])), say)
+        exported.append(NodeImage(name, export(name)))
+    return exported
 
 
 # --- Export and the whole ----------------------------------------------------------------------------

@@ -175,23 +175,46 @@ class Tier:
                 f"{component.pinned_by}{note})"
             )
 
-    def start_real_node(self, images: NodeImages) -> RealNode:
-        """The real node beside the simulated one (tools/control_plane/node.py): k3d's first agent, as
-        k3d names it, tainted so that only the pods meant for it (tests that tolerate REAL_NODE_TAINT)
-        run there and the others keep KWOK's simulated lifecycle."""
+    def start_real_node(self, images: NodeImages, schedulable: bool = False) -> RealNode:
+        """The real node beside the simulated one (tools/control_plane/node.py), k3d's first agent as
+        k3d names it, and the local-path provisioner k3s runs, whose helper pods need a node that runs
+        them. Unless `schedulable` (the end-to-end run: the simulated node cordoned, so that every pod
+        lands here), it is tainted so that only the pods meant for it (tests that tolerate
+        REAL_NODE_TAINT) run there and the others keep KWOK's simulated lifecycle."""
+        if schedulable:
+            self.api.patch("v1", "Node", self.node_name, {"spec": {"unschedulable": True}})
         self.real_node = RealNode(
             self.directory / "node",
             Binaries.of(self.built),
             self.kubernetes.pki,
             nodes.k3d_agent_name(self.cluster_name),
             nodes.K3S_NODE_LABELS,
-            [nodes.REAL_NODE_TAINT],
+            [] if schedulable else [nodes.REAL_NODE_TAINT],
             images,
             say=self.say,
         )
         self.real_node.start(self.api)
         self.real_node.announce()
+        self._start_local_path()
         return self.real_node
+
+    def _start_local_path(self) -> None:
+        storage = self.directory / "node" / "storage"
+        storage.mkdir(parents=True, exist_ok=True)
+        context = upstream.Context(self.components, Binaries.of(self.built).__getitem__, self.kubernetes.pki,
+                                   self.directory, self.admin, {})
+        install = upstream.local_path(context, storage, self.admin)
+        self.api.apply_all(install.objects)
+        program = Program(
+            "local-path-provisioner",
+            [context.programs("local-path-provisioner"), *install.args],
+            self.directory / "logs" / "local-path-provisioner.log",
+        ).start()
+        self.programs.append(program)
+        program.wait_until(lambda: upstream.LOCAL_PATH_READY_LINE in program.tail(), "started",
+                           CONTROLLER_START_SECONDS)
+        self.say(f"control-plane: local-path-provisioner {self.components['local-path-provisioner'].version} "
+                 f"(rancher.io/local-path; volumes under {storage})")
 
     def stop(self) -> None:
         if self.real_node is not None:

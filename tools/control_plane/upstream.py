@@ -455,3 +455,37 @@ def rendered_chart_values(stack_resources) -> dict:
             chart = str(resource.inputs["chart"]).rstrip("/").rpartition("/")[2]
             values[chart] = json.loads(json.dumps(resource.inputs.get("values") or {}))
     return values
+
+
+# rancher/local-path-provisioner's own install (deploy/local-path-storage.yaml): its namespace, account,
+# RBAC, the `local-path` StorageClass k3s' stacks name, and the config map it reads at start.
+LOCAL_PATH_DEPLOY = Path("deploy", "local-path-storage.yaml")
+LOCAL_PATH_CONFIG = "local-path-config"
+LOCAL_PATH_READY_LINE = "Provisioner started"  # its --debug line once the controller runs
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalPath:
+    """The provisioner's install and its command line (it has no health endpoint: its log says ready)."""
+
+    objects: list[dict]
+    args: list[str]
+
+
+def local_path(ctx: Context, storage: Path, kubeconfig: Path) -> LocalPath:
+    """The upstream install with the provisioner's Deployment left out (the tier runs its process) and
+    its config's node path under `storage`, where the node's helper pods make each volume's directory."""
+    install = load_all((ctx.module("local-path-provisioner") / LOCAL_PATH_DEPLOY).read_text())
+    (config,) = [obj for obj in of_kind(install, "ConfigMap") if obj["metadata"]["name"] == LOCAL_PATH_CONFIG]
+    paths = json.loads(config["data"]["config.json"])
+    for entry in paths["nodePathMap"]:
+        entry["paths"] = [str(storage)]
+    config["data"]["config.json"] = json.dumps(paths)
+    (deployment,) = of_kind(install, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # Its command but the config file its pod mounts: without --config it reads the config map itself.
+    command = container["command"][1:]
+    at = command.index("--config")
+    args = [*command[:at], *command[at + 2:], f"--kubeconfig={kubeconfig}",
+            f"--namespace={deployment['metadata']['namespace']}"]
+    return LocalPath([obj for obj in install if obj["kind"] != "Deployment"], args)
