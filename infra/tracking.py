@@ -33,6 +33,11 @@ from pipeline.config import Resources
 SERVER_ACCOUNT = "dist-ml-mlflow"
 SERVER_RESOURCES = Resources(requests={"cpu": "100m", "memory": "512Mi"},
                              limits={"cpu": "1", "memory": "1536Mi"})
+# MLflow 3.17.2's server starts a job runner for its GenAI jobs (online scoring, trace archival) by
+# default: nine huey consumer processes, 2.4 GiB together beside the 260 MiB server, over the limit
+# (the real node's kubelet OOM-killed it in a loop). Tracking and the registry need none of it
+# (mlflow/environment_variables.py: MLFLOW_SERVER_ENABLE_JOB_EXECUTION).
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 DATA_DIR = "/mlflow"  # the volume backend's mount
 VOLUME_SIZE = "2Gi"
 # The Cloud SQL Auth Proxy (GoogleCloudPlatform/cloud-sql-proxy v2), on localhost beside the server.
@@ -99,6 +104,7 @@ def server_container(image: str, args: list[str]) -> dict:
     probe = {"httpGet": {"path": "/health", "port": "http"}}
     return {
         "name": "mlflow", "image": image, "imagePullPolicy": "IfNotPresent", "args": args,
+        "env": [{"name": name, "value": value} for name, value in SERVER_ENV.items()],
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
         "resources": SERVER_RESOURCES.as_manifest(),
         # A new database is migrated before the server listens: minutes at most.

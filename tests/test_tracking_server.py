@@ -6,6 +6,7 @@ server that refuses connections costs each step one warning line and the run not
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from conftest import run_module
 from mlflow import MlflowClient
 
 from common import tracking_names as names
-from infra.tracking import server_command
+from infra.tracking import SERVER_ENV, SERVER_RESOURCES, server_command
 from tools import virtualenvs
 
 pytestmark = pytest.mark.slow  # builds the server's virtualenv, starts it, trains
@@ -43,13 +44,13 @@ def loopback(args: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    """The server's URL (the port uvicorn reports having bound) and its artifact directory."""
+def server(tmp_path_factory) -> Iterator[tuple[str, Path, int]]:
+    """The server's URL (the port uvicorn reports having bound), its artifact directory and its pid."""
     mlflow_command = virtualenvs.image_python("tracking-server").parent / "mlflow"
     data = tmp_path_factory.mktemp("tracking-server")
     args = loopback(server_command(NAMESPACE, f"sqlite:///{data}/mlflow.db", str(data / "artifacts")))
     process = subprocess.Popen([str(mlflow_command), "server", *args], cwd=data, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, **SERVER_ENV})
     port: list[int] = []
     log: list[str] = []
 
@@ -66,14 +67,40 @@ def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
         while not port and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert port, "mlflow server did not start:\n" + "".join(log[-30:])
-        yield f"http://127.0.0.1:{port[0]}", data / "artifacts"
+        yield f"http://127.0.0.1:{port[0]}", data / "artifacts", process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
+def process_tree(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(found for child in children for found in process_tree(int(child)))]
+
+
+def resident_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    (line,) = [line for line in status if line.startswith("VmRSS:")]
+    return int(line.split()[1]) * 1024
+
+
+def test_the_server_as_the_stacks_start_it_fits_its_memory_limit(server):
+    """With the stacks' environment (SERVER_ENV: no GenAI job runner, whose nine worker processes took
+    2.4 GiB and got the server OOM-killed on the tier's real node) the server's processes together
+    stay well under the container's limit, after answering."""
+    url, _, pid = server
+    requests.get(f"{url}/health", timeout=30).raise_for_status()
+    limit = SERVER_RESOURCES.as_manifest()["limits"]["memory"]
+    assert limit.endswith("Mi")
+    tree = process_tree(pid)
+    commands = [Path(f"/proc/{each}/cmdline").read_bytes().replace(b"\0", b" ").decode() for each in tree]
+    assert not [command for command in commands if "mlflow.server.jobs" in command], commands
+    used = sum(resident_bytes(each) for each in tree)
+    assert used < int(limit.removesuffix("Mi")) * 2**20 * 0.6, (used, limit)
+
+
 def test_the_local_engine_trains_and_publishes_through_the_server(server, sample_dir, tmp_path, monkeypatch):
-    url, artifacts = server
+    url, artifacts, _ = server
     root = tmp_path / "root"
     result = run_module("pipeline", "run", "--data-source", str(sample_dir), "--storage-root", str(root),
                         *FAST, env={names.TRACKING_URI_ENV: url}, timeout=900)
@@ -102,7 +129,7 @@ def test_the_local_engine_trains_and_publishes_through_the_server(server, sample
 
 
 def test_only_the_hosts_the_clusters_pods_call_are_answered(server):
-    url, _ = server
+    url, _, _ = server
     search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
     port = url.rsplit(":", 1)[1]
     for host in (f"{names.SERVER_NAME}.{NAMESPACE}.svc:{names.SERVER_PORT}", f"localhost:{port}"):
