@@ -178,10 +178,13 @@ def memo_cache_ref(step: Step, argo_version: str) -> dict:
 def ingest_template(config: PipelineConfig, step: Step, target: ClusterTarget) -> dict:
     return {
         "name": step.name,
-        # Argo memoizes outputs: the manifest is ingest's, and a hit skips the pod.
+        # Argo memoizes outputs: the manifest is ingest's, and a hit skips the pod. No retryStrategy
+        # beside it: a memo hit of a template with one is a Retry node without children, which has no
+        # outbound node (v4.0.5 workflow/controller/operator.go, getOutboundNodes), so the tasks after
+        # it hang off nothing and the run stays Running for ever (seen on the tier's real node). A
+        # failed ingest fails the run; resubmitting it costs nothing that succeeded.
         "memoize": {"key": ingest_memo_key(config), "maxAge": config.memoize_max_age,
                     "cache": {"configMap": memo_cache_ref(step, target.argo_version)}},
-        "retryStrategy": retry_strategy(step),
         "container": step_container(step, target.images),
         "outputs": {"parameters": [
             {"name": "manifest", "valueFrom": {"path": f"{step.outputs[0]}/{MANIFEST_NAME}"}},

@@ -365,7 +365,8 @@ class PipelineSettings(WithResources):
         "runs/pipeline", description="the local engine's directory (pods mount storage)")
     model_name: DnsLabel = Field("fmnist", description="the served model's name")
     retries: WholeNumber = Field(
-        2, ge=0, description="restarts of a failed step (backoffLimit, retryStrategy.limit)")
+        2, ge=0, description="restarts of a failed step (backoffLimit, retryStrategy.limit); on a "
+                             "cluster not ingest, which Argo memoizes")
     engine: Engine = Field(
         DEFAULT_ENGINE, description="what trains each variant on a cluster: trainjob (Kubeflow Trainer v2, "
                                 "admitted by Kueue) or tfjob (the training operator v1)")
