@@ -11,6 +11,7 @@ from trainer import cluster as tf_cluster
 from trainer.cluster import (
     COMPLETION_INDEX_ENV,
     JOBSET_NAME_ENV,
+    LOCAL,
     LOCAL_ADDRESSES_ENV,
     NUM_NODES_ENV,
     PARAMETER_SERVERS_ENV,
@@ -18,9 +19,11 @@ from trainer.cluster import (
     REPLICATED_JOB_ENV,
     TF_CONFIG,
     ClusterConfigError,
+    ClusterSpec,
     cluster_from_environment,
     local_tasks,
     parse_tf_config,
+    wait_for_hosts,
 )
 
 
@@ -175,3 +178,35 @@ def test_local_parameter_server_tasks_are_the_runtimes_chief_workers_and_ps_on_d
     assert len(set(addresses)) == 4 and all(a.startswith("127.0.0.1:") for a in addresses)
     assert all(s.cluster == specs[0].cluster for s in specs)
     assert [s.is_chief for s in specs] == [True, False, False, False]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_pod_waits_for_its_peers_names_and_fails_naming_those_that_never_resolve():
+    """JobSet's hostnames resolve once the peers' pods have addresses; a name that never does (a
+    subdomain that is not the headless Service's) fails the pod with the names, not a hang."""
+    cluster = ClusterSpec(cluster={"worker": ["job-node-0-0.job:2222", "job-node-0-1.job:2222"]},
+                          task_type="worker", task_index=0)
+    clock, late = FakeClock(), {"job-node-0-1.job": 10.0}
+
+    def resolve(host: str) -> None:
+        if clock.now < late.get(host, 0.0):
+            raise OSError(f"[Errno -2] Name or service not known: {host}")
+
+    wait_for_hosts(cluster, timeout=30, resolve=resolve, clock=clock, sleep=clock.sleep)
+    assert 10.0 <= clock.now < 30
+    late["job-node-0-1.job"] = float("inf")
+    clock.now = 0.0
+    with pytest.raises(ClusterConfigError, match=r"job-node-0-1\.job: \[Errno -2\].*subdomain") as failed:
+        wait_for_hosts(cluster, timeout=30, resolve=resolve, clock=clock, sleep=clock.sleep)
+    assert "job-node-0-0.job:" not in str(failed.value)
+    wait_for_hosts(LOCAL)  # localhost

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping
+import socket
+import time
+from typing import Callable, Mapping
 
 from common.ports import LOOPBACK, free_ports
 
@@ -243,6 +245,40 @@ def cluster_from_environment(env: Mapping[str, str]) -> ClusterSpec:
     if any(env.get(name) for name in (JOBSET_NAME_ENV, REPLICATED_JOB_ENV, NUM_NODES_ENV)):
         return parse_tf_config(tf_config_of(jobset_pod(env)))
     return LOCAL
+
+
+# A peer's name resolves once its pod has an address (JobSet's headless Service publishes not-ready
+# addresses); a name still unknown after this will not come: a wrong subdomain, or a Service missing.
+HOSTS_RESOLVE_SECONDS = 90.0
+HOSTS_POLL_SECONDS = 2.0
+
+
+def resolve_host(host: str) -> None:
+    socket.getaddrinfo(host.strip("[]"), None)  # an IPv6 address is bracketed before its port
+
+
+def wait_for_hosts(cluster: ClusterSpec, timeout: float = HOSTS_RESOLVE_SECONDS,
+                   resolve: Callable[[str], None] = resolve_host, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> None:
+    """Waits until every task's host resolves; ClusterConfigError naming those that do not after
+    `timeout` s (without this check, TensorFlow's collectives wait for them for ever)."""
+    hosts = sorted({address.rpartition(":")[0] for tasks in cluster.cluster.values() for address in tasks})
+    deadline = clock() + timeout
+    while True:
+        unknown = {}
+        for host in hosts:
+            try:
+                resolve(host)
+            except OSError as error:
+                unknown[host] = error
+        if not unknown:
+            return
+        if clock() >= deadline:
+            names = "; ".join(f"{host}: {error}" for host, error in unknown.items())
+            raise ClusterConfigError(
+                f"the cluster's hosts do not resolve after {timeout:g} s ({names}): is the pods' subdomain "
+                "the headless Service their names are built on?")
+        sleep(HOSTS_POLL_SECONDS)
 
 
 # --- The same environment for local processes -----------------------------------------------------------

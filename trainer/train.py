@@ -38,7 +38,14 @@ from common import cli, termination
 from common.tracking_names import RUN_ID_KEY
 from trainer import data, devices, export, models, parameter_server, tracking
 from trainer.atomic import staged_directory
-from trainer.cluster import LOCAL, RPC_LAYER, ClusterConfigError, ClusterSpec, cluster_from_environment
+from trainer.cluster import (
+    LOCAL,
+    RPC_LAYER,
+    ClusterConfigError,
+    ClusterSpec,
+    cluster_from_environment,
+    wait_for_hosts,
+)
 from trainer.devices import Gpu, GpuUnavailable
 from trainer.fashion_mnist import DatasetError, Split, load_split, read_manifest
 
@@ -410,6 +417,7 @@ def claim_checkpoint_dir(checkpoint_dir: Path, model: str, cluster: ClusterSpec)
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     cluster = cluster_from_environment(os.environ)
+    wait_for_hosts(cluster)
     gpus = devices.visible_gpus()
     devices.require_gpus(config.gpus, gpus)
     if cluster.uses_parameter_servers and not cluster.is_chief:
