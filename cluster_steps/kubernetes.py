@@ -53,10 +53,14 @@ def pod_failure(pod: dict) -> str | None:
         for container in status.get(key) or []:
             waiting = (container.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in FATAL_WAITING_REASONS:
-                last = ((container.get("lastState") or {}).get("terminated") or {}).get("message")
-                detail = waiting.get("message") or last or ""
+                last = (container.get("lastState") or {}).get("terminated") or {}
+                detail = (waiting.get("message") or last.get("message") or "").strip()
+                # A crash loop's message is the back-off; why the last run ended (OOMKilled, its exit
+                # code) is the kubelet's answer to what went wrong.
+                ended = (f" (last run: {last.get('reason') or 'ended'}, exit code {last['exitCode']})"
+                         if "exitCode" in last else "")
                 return (f"pod {pod['metadata']['name']}: container {container['name']}: "
-                        f"{waiting['reason']}{': ' + detail.strip() if detail.strip() else ''}")
+                        f"{waiting['reason']}{': ' + detail if detail else ''}{ended}")
     return None
 
 
@@ -103,6 +107,11 @@ class KubernetesApi:
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
         pods = self._core.list_namespaced_pod(namespace, label_selector=label_selector)
         return self._api.sanitize_for_serialization(pods)["items"]
+
+    def list_warnings(self, namespace: str) -> list[dict]:
+        """The namespace's warning events (core/v1, which also shows those written as events.k8s.io)."""
+        events = self._core.list_namespaced_event(namespace, field_selector="type=Warning")
+        return self._api.sanitize_for_serialization(events)["items"]
 
     # One custom resource's calls, with the kind and name in any error: each step's adapter below
     # names the resources and calls it makes.
@@ -192,8 +201,3 @@ class TrainApi(KubernetesApi):
         found = self._objects.list_namespaced_custom_object(
             resource.group, resource.version, namespace, resource.plural, label_selector=label_selector)
         return found["items"]
-
-    def list_warnings(self, namespace: str) -> list[dict]:
-        """The namespace's warning events (core/v1, which also shows those written as events.k8s.io)."""
-        events = self._core.list_namespaced_event(namespace, field_selector="type=Warning")
-        return self._api.sanitize_for_serialization(events)["items"]

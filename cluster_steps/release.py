@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -102,6 +103,7 @@ class RolloutApi(Protocol):
     def get_deployment(self, namespace: str, name: str) -> dict | None: ...
     def list_pods(self, namespace: str, label_selector: str) -> list[dict]: ...
     def pod_metrics(self, namespace: str, pod: str, port: int) -> str | None: ...  # None: unreadable
+    def list_warnings(self, namespace: str) -> list[dict]: ...  # the namespace's Warning events
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +143,25 @@ def names_uri(node: Any, uri: str) -> bool:
     """KServe writes the storage URI into the pod template (an annotation, and the init container's
     or the custom container's arguments), so pods of this version are the ones naming it."""
     return any(value == uri for value in _strings(node))
+
+
+# The kubelet's event for a failed HTTP probe (pkg/kubelet/prober/prober.go, v1.33: reason Unhealthy,
+# "<Readiness|Startup> probe failed: HTTP probe failed with statuscode: <code>"). A 404 is the server
+# saying the probe's path does not exist: retrying the same request will not make it Ready.
+PROBE_PATH_MISSING = re.compile(
+    r"^(Readiness|Startup) probe failed: HTTP probe failed with statuscode: 404\b")
+
+
+def probe_never_passes(warnings: Sequence[dict], pods: Sequence[dict]) -> str | None:
+    """The kubelet's words when a probe of one of `pods` asks for a path its server does not have."""
+    names = {pod["metadata"]["name"] for pod in pods}
+    for event in warnings:
+        involved = event.get("involvedObject") or {}
+        if (event.get("reason") == "Unhealthy" and involved.get("kind") == "Pod"
+                and involved.get("name") in names and PROBE_PATH_MISSING.match(event.get("message") or "")):
+            return (f"pod {involved['name']}: {event['message'].strip()} (the probe's path does not exist on "
+                    "the server, so the predictor will never be Ready)")
+    return None
 
 
 def observe(deployment: dict | None, pods: Sequence[dict], uri: str) -> Observation:
@@ -214,6 +235,9 @@ def wait_for(cluster: RolloutApi, namespace: str, name: str, uri: str, timeout_s
         state = observe(deployment, pods, uri)
         if state.done:
             return state.reason
+        never = probe_never_passes(cluster.list_warnings(namespace), [p for p in pods if names_uri(p, uri)])
+        if never:
+            raise RolloutFailed(never)
         if state.reason != last:
             say(f"rollout: waiting: {state.reason}")
             last = state.reason

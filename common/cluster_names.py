@@ -78,6 +78,7 @@ API_CALLS = (
     ("apps", "deployments", "get"),
     ("", "pods", "list"),
     ("", "pods/proxy", "get"),  # each predictor pod's /metrics
+    ("", "events", "list"),  # the kubelet's probe failures: a predictor that will never be Ready
 )
 def canary_name(model_name: str) -> str:
     return f"{model_name}{CANARY_SUFFIX}"

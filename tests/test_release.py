@@ -66,10 +66,15 @@ def pod(uri: str, waiting: str | None = None, container: str = "storage-initiali
 class FakeCluster:
     """Answers each poll with the next (deployment, pods) state; records what was applied."""
 
-    def __init__(self, states: list[tuple[dict | None, list[dict]]], existing: dict | None = None):
+    def __init__(self, states: list[tuple[dict | None, list[dict]]], existing: dict | None = None,
+                 warnings: list[dict] | None = None):
         self.states, self.existing = list(states), existing
         self.created: list[dict] = []
         self.replaced: list[dict] = []
+        self.warnings = warnings or []
+
+    def list_warnings(self, namespace):
+        return self.warnings
 
     def get_inference_service(self, namespace, name):
         return self.existing
@@ -127,6 +132,28 @@ def test_it_waits_through_a_rolling_update_until_every_replica_runs_the_new_vers
     (replaced,) = cluster.replaced
     assert replaced["metadata"]["resourceVersion"] == "41" and cluster.created == []
     assert shape.storage_uri(replaced) == NEW_URI
+
+
+def unhealthy(pod_name: str, message: str) -> dict:
+    """The kubelet's event for a failed probe (pkg/kubelet/prober/prober.go)."""
+    return {"type": "Warning", "reason": "Unhealthy", "message": message,
+            "involvedObject": {"kind": "Pod", "name": pod_name}}
+
+
+def test_a_predictor_whose_probe_path_does_not_exist_fails_the_step_with_the_kubelets_words():
+    """A 404 on the readiness probe will never turn into a 200; a 503 (the model still loading) is
+    waited for, and so is a missing path on an earlier version's pod."""
+    new, old = pod(NEW_URI, container="kserve-container"), pod(OLD_URI)
+    missing = "Readiness probe failed: HTTP probe failed with statuscode: 404"
+    loading = unhealthy(new["metadata"]["name"], missing.replace("404", "503"))
+    cluster = FakeCluster([(deployment(NEW_URI, available=0), [new, old])],
+                          warnings=[loading, unhealthy(old["metadata"]["name"], missing)])
+    with pytest.raises(rollout.RolloutFailed, match="not rolled out after 60 s"):
+        roll(cluster)
+    cluster.warnings.append(unhealthy(new["metadata"]["name"], missing))
+    words = f"pod {new['metadata']['name']}: {missing} .*never be Ready"
+    with pytest.raises(rollout.RolloutFailed, match=words):
+        roll(cluster)
 
 
 def test_a_first_rollout_creates_the_inference_service():
@@ -204,12 +231,15 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
         "read_namespaced_deployment": ("apps", "deployments", "get"),
         "list_namespaced_pod": ("", "pods", "list"),
         "connect_get_namespaced_pod_proxy_with_path": ("", "pods/proxy", "get"),
+        "list_namespaced_event": ("", "events", "list"),
     }
 
     def recording(name):
         def call(*args, **kwargs):
             made.add(calls[name][tuple(args[:4])] if isinstance(calls[name], dict) else calls[name])
-            return client.V1PodList(items=[]) if name == "list_namespaced_pod" else {}
+            empty = {"list_namespaced_pod": client.V1PodList(items=[]),
+                     "list_namespaced_event": client.CoreV1EventList(items=[])}
+            return empty.get(name, {})
         return call
 
     apis = {api: mock.Mock(**{name: recording(name) for name in calls})
@@ -229,6 +259,7 @@ def test_the_kubernetes_calls_are_the_ones_the_workflow_role_grants():
         cluster.get_deployment(NAMESPACE, "fmnist-predictor")
         cluster.list_pods(NAMESPACE, "x=y")
         cluster.pod_metrics(NAMESPACE, "fmnist-predictor-abc", 8080)
+        cluster.list_warnings(NAMESPACE)
     assert made == set(cluster_names.API_CALLS)
     assert made <= granted
 
@@ -371,6 +402,9 @@ class FakeKServe:
         new = [pod(uri, self.stuck[uri], "kserve-container", isvc=isvc)] if uri in self.stuck else []
         return new + [{**pod(uri), **ready_pod(name)} for name, (owner, _) in self.traffic.items()
                       if owner == isvc]
+
+    def list_warnings(self, namespace):
+        return []
 
     def pod_metrics(self, namespace, pod_name, port):
         assert port == 8080
@@ -852,3 +886,14 @@ def test_the_rollout_steps_move_mlflows_aliases_to_what_is_served(tmp_path):
     run(cluster, "promote", "--namespace", NAMESPACE, "--model-name", "fmnist")
     rollout.track_rollout(cluster, NAMESPACE, "fmnist", tracked)
     assert aliases() == {names.CHAMPION: "3"}
+
+
+def test_a_crash_loop_names_why_the_last_run_ended():
+    """The kubelet's back-off message says nothing of the cause; the last run's reason does."""
+    looping = {"metadata": {"name": "fmnist-predictor-abc"}, "status": {"containerStatuses": [{
+        "name": "kserve-container",
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed"}},
+        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}
+    assert kubernetes.pod_failure(looping) == (
+        "pod fmnist-predictor-abc: container kserve-container: CrashLoopBackOff: back-off 10s restarting "
+        "failed (last run: OOMKilled, exit code 137)")
