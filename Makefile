@@ -85,10 +85,13 @@ test:
 	$(PYTHON) -m tools.virtualenvs & built=$$!; \
 	$(PYTHON) -m tools.prometheus & prometheus=$$!; \
 	$(MAKE) --no-print-directory $(INSTALLED) || exit 1; \
-	mkdir -p $(dir $(TIER_LOG)); $(PY) -m tools.control_plane test > $(TIER_LOG) 2>&1 & tier=$$!; \
+	mkdir -p $(dir $(TIER_LOG)); { $(PY) -m tools.control_plane test; cluster=$$?; \
+		$(PY) -m tools.control_plane e2e; e2e=$$?; [ $$cluster = 0 ] && exit $$e2e || exit 1; } \
+		> $(TIER_LOG) 2>&1 & tier=$$!; \
 	$(PY) -m ruff check . && wait $$prometheus && \
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope; tested=$$?; \
-	wait $$tier; tiered=$$?; echo "--- the control-plane tier (make test-cluster) ---"; cat $(TIER_LOG); \
+	wait $$tier; tiered=$$?; echo "--- the control-plane tier (make test-cluster, then make test-e2e) ---"; \
+	cat $(TIER_LOG); \
 	wait $$built && [ $$tested = 0 ] && exit $$tiered || exit 1
 
 # The tier's real node and its images (tools/control_plane/node.py, images.py) run Debian's packages:
@@ -109,6 +112,13 @@ TIER_ARGS ?=
 .PHONY: test-cluster
 test-cluster: $(INSTALLED)
 	$(PY) -m tools.control_plane test $(TIER_ARGS)
+
+# The whole workflow end to end on the tier's real node (tests/e2e_node/), in a tier of its own: every
+# pod run for real from the images built from our Dockerfiles. One run: about N minutes warm.
+E2E_ARGS ?=
+.PHONY: test-e2e
+test-e2e: $(INSTALLED)
+	$(PY) -m tools.control_plane e2e $(E2E_ARGS)
 
 test-fast: $(INSTALLED)
 	$(PY) -m ruff check .

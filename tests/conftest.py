@@ -22,7 +22,8 @@ from testdata.crd_schema import validate_manifest
 from tools.control_plane.cluster import NAMESPACE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_TESTS = REPO_ROOT / "tests" / "cluster"
+# The tier's tests (make test-cluster) and its end-to-end run on the real node (make test-e2e).
+TIER_TESTS = (REPO_ROOT / "tests" / "cluster", REPO_ROOT / "tests" / "e2e_node")
 # Values of CI that mean "every test must run": GitHub Actions and the project's CI set CI=true.
 CI_VALUES = {"true", "1", "yes"}
 T = TypeVar("T")
@@ -34,9 +35,10 @@ TRAINING_FIXTURES = frozenset({"two_worker_export", "one_worker_export", "publis
 
 
 def pytest_ignore_collect(collection_path: Path) -> bool | None:
-    """tests/cluster/ runs only in the control-plane tier's own namespaces, with its plugin: `make
-    test-cluster` (or `python -m tools.control_plane test`); any other run leaves it out."""
-    if collection_path == CLUSTER_TESTS and os.environ.get(NAMESPACE_ENV) != "1":
+    """tests/cluster/ and tests/e2e_node/ run only in the control-plane tier's own namespaces, with its
+    plugin: `make test-cluster` and `make test-e2e` (python -m tools.control_plane test|e2e); any other
+    run leaves them out."""
+    if collection_path in TIER_TESTS and os.environ.get(NAMESPACE_ENV) != "1":
         return True
     return None
 

@@ -1,0 +1,69 @@
+"""The end-to-end run's cluster: the tier with its real node as the one node pods land on (the simulated
+k3d node cordoned), k3s' local-path provisioner, and the local stack applied as `pulumi up` applies it,
+with the settings a user sets for a small offline run (E2E_SETTINGS) and the dataset served inside the
+tier as a mirror. `python -m tools.control_plane e2e` (make test-e2e) runs it in a tier of its own."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+
+import pytest
+
+from stacks import render
+from tools.control_plane import node, stacks
+from tools.control_plane.build import ROOT, Unavailable
+from tools.control_plane.cluster import BRIDGE_ADDRESS
+from tools.control_plane.pytest_plugin import unavailable
+from tools.control_plane.tier import Tier
+
+SAMPLE = ROOT / "datasets" / "fashion-mnist-sample"  # the official files' names and format, 600 images
+# Pulumi.local.yaml's pipeline section, changed as a user changes it for a short run on a laptop: one
+# variant, two short epochs, each published version served at once (no canary waiting for traffic),
+# and the dataset from a mirror (as an air-gapped cluster's would be).
+E2E_SETTINGS = {"variants": ["cnn_gap"], "epochs": 2, "stepsPerEpoch": 4, "rollout": {"canaryPercent": 0}}
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # the run's output is the pods'
+        pass
+
+
+@pytest.fixture(scope="session")
+def mirror():
+    """The sample's four files over HTTP on the tier's bridge, where the pods reach it: the base URL."""
+    server = http.server.ThreadingHTTPServer(
+        (BRIDGE_ADDRESS, 0), functools.partial(QuietHandler, directory=str(SAMPLE))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://{BRIDGE_ADDRESS}:{server.server_address[1]}/"
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def local_render(mirror) -> tuple[render.Rendered, str]:
+    """Pulumi.local.yaml with E2E_SETTINGS and the mirror as pipeline.dataSource, rendered."""
+    from stacks.config import from_pulumi_values, parse_stack_config
+
+    values = render.pulumi_values(ROOT / "Pulumi.local.yaml")
+    pipeline = {**json.loads(values["dist-ml:pipeline"]), **E2E_SETTINGS, "dataSource": mirror}
+    values["dist-ml:pipeline"] = json.dumps(pipeline)
+    return render.render("local", values), parse_stack_config(from_pulumi_values(values)).cluster.name
+
+
+@pytest.fixture(scope="session")
+def cluster(tier: Tier, local_render) -> Tier:
+    """The tier, its real node the only schedulable one, and the local stack's objects applied; the
+    stack's claims are provisioned by local-path on the node when their first pod lands there."""
+    built = node.read_images()
+    if built is None:
+        unavailable("the node's images are not built: python -m tools.control_plane.images")
+    try:
+        tier.start_real_node(built, schedulable=True)
+    except Unavailable as missing:
+        unavailable(str(missing))
+    objects, _ = stacks.served(tier.api, stacks.in_dependency_order(local_render[0]))
+    tier.api.apply_all(objects)
+    return tier

@@ -1,0 +1,234 @@
+"""The whole workflow as a user submits it, every pod run for real: a Workflow of the stack's
+WorkflowTemplate (nothing of ours substituted), Argo's executor in each step pod, ingest from the
+mirror, a TrainJob whose two trainer pods find each other by JobSet's hostnames, selection, the
+InferenceService's predictor Ready through its probes, a prediction through its Service, the tracking
+server's runs and `champion`; then a second run whose ingest is memoized."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import pytest
+import requests
+from PIL import Image
+
+from common import tracking_names
+from pipeline import argo
+from serving import client
+from tools.control_plane.build import ROOT
+from trainer.fashion_mnist import read_split
+
+NAMESPACE = "dist-ml"  # Pulumi.local.yaml's
+WORKFLOW_API = "argoproj.io/v1alpha1"
+WORKFLOW_SECONDS = 1200.0
+POLL_SECONDS = 2.0
+LOG_LINES = 3  # of a failed container, in the run's message
+MODEL = "fmnist"  # Pulumi.local.yaml's pipeline.modelName
+HOLDOUT = ROOT / "datasets" / "fashion-mnist-holdout"
+# The kubelet's reasons for a container that will not start without a change to the pod or the image.
+NEVER_STARTS = {"CreateContainerConfigError", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
+                "InvalidImageName", "CreateContainerError"}
+
+
+def say(line: str) -> None:
+    print(f"e2e: {line}", flush=True)
+
+
+def never_starts(api) -> list[str]:
+    """Each container of the namespace the kubelet says will not start, in its words."""
+    found = []
+    for pod in api.list("v1", "Pod", NAMESPACE):
+        status = pod.get("status") or {}
+        containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+        for container in containers:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in NEVER_STARTS:
+                found.append(f"pod {pod['metadata']['name']} container {container['name']}: "
+                             f"{waiting['reason']}: {waiting.get('message')}")
+    return found
+
+
+def record_failures(api, failures: dict[str, str]) -> None:
+    """Each container of the namespace that ended with an error, once, with the end of its log: what a
+    failed run's message names (JobSet replaces a failed attempt's pods)."""
+    for pod in api.list("v1", "Pod", NAMESPACE):
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            ended = (container.get("state") or {}).get("terminated") or {}
+            key = f"pod {pod['metadata']['name']} container {container['name']}"
+            if ended.get("exitCode") and key not in failures:
+                try:
+                    tail = api.core.read_namespaced_pod_log(pod["metadata"]["name"], NAMESPACE,
+                                                            container=container["name"], tail_lines=LOG_LINES)
+                except Exception as error:  # noqa: BLE001 - the pod may be gone already
+                    tail = f"(log unavailable: {error})"
+                failures[key] = f"exit {ended['exitCode']} ({ended.get('reason')}): {tail.strip()}"
+                say(f"{key} failed: {failures[key]}")
+
+
+def failed_nodes(workflow: dict) -> list[str]:
+    nodes = (workflow.get("status") or {}).get("nodes") or {}
+    return [f"{node.get('displayName')}: {node.get('phase')}: {node.get('message')}"
+            for node in nodes.values() if node.get("phase") in ("Failed", "Error")]
+
+
+def run_workflow(api) -> dict:
+    """Submits a run of the template and waits until it ends; the run's pods' or steps' own words at
+    once if something in it will not happen."""
+    workflow = argo.workflow()
+    created = api.create({**workflow, "metadata": {**workflow["metadata"], "namespace": NAMESPACE}})
+    name = created["metadata"]["name"]
+    say(f"submitted workflow {NAMESPACE}/{name}")
+    deadline, seen, failures = time.monotonic() + WORKFLOW_SECONDS, None, {}
+    while True:
+        current = api.get(WORKFLOW_API, "Workflow", name, NAMESPACE)
+        status = current.get("status") or {}
+        state = (status.get("phase"), status.get("progress"))
+        if state != seen:
+            seen = state
+            say(f"workflow {name}: {state[0] or 'not started'} {state[1] or ''}")
+        if status.get("phase") == "Succeeded":
+            return current
+        record_failures(api, failures)
+        assert status.get("phase") not in ("Failed", "Error"), (
+            f"workflow {name} ended {status.get('phase')}: {status.get('message')}; "
+            + "; ".join([*failed_nodes(current), *(f"{key}: {what}" for key, what in failures.items())]))
+        stuck = never_starts(api)
+        assert not stuck, "; ".join(stuck)
+        assert time.monotonic() < deadline, (f"workflow {name} still {state} after {WORKFLOW_SECONDS:g} s; "
+                                             + "; ".join(f"{key}: {what}" for key, what in failures.items()))
+        time.sleep(POLL_SECONDS)
+
+
+def output(workflow: dict, step: str, parameter: str) -> str:
+    nodes = [node for node in workflow["status"]["nodes"].values()
+             if node.get("displayName") == step and (node.get("outputs") or {}).get("parameters")]
+    (value,) = {p["value"] for node in nodes for p in node["outputs"]["parameters"] if p["name"] == parameter}
+    return value
+
+
+def tracking_get(api, workflow: dict, path: str, **params: str) -> dict:
+    """A GET of MLflow's REST API on the tracking server's Service, with the Host the pipeline's pods
+    send (the server refuses others: DNS rebinding), from outside the pod network."""
+    uri = urllib.parse.urlsplit(tracking_uri(workflow))
+    service = api.get("v1", "Service", uri.hostname.split(".")[0], NAMESPACE)
+    response = requests.get(f"http://{service['spec']['clusterIP']}:{uri.port}/api/2.0/mlflow/{path}",
+                            params=params, headers={"Host": uri.netloc}, timeout=30)
+    assert response.status_code == 200, (path, response.status_code, response.text)
+    return response.json()
+
+
+def tracking_uri(workflow: dict) -> str:
+    """MLFLOW_TRACKING_URI as the run's select step had it."""
+    spec = workflow["status"]["storedWorkflowTemplateSpec"]
+    (template,) = [t for t in spec["templates"] if t["name"] == "select"]
+    (uri,) = [env["value"] for env in template["container"]["env"] if env["name"] == "MLFLOW_TRACKING_URI"]
+    return uri
+
+
+def holdout_png(directory) -> tuple[bytes, int]:
+    holdout = read_split(HOLDOUT, "test")
+    path = directory / "holdout-0.png"
+    Image.fromarray(holdout.images[0][..., 0], mode="L").save(path, format="PNG")
+    return path.read_bytes(), int(holdout.labels[0])
+
+
+def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, tmp_path):
+    api = cluster.api
+    started = time.monotonic()
+    workflow = run_workflow(api)
+    say(f"workflow {workflow['metadata']['name']} Succeeded in {time.monotonic() - started:.0f} s")
+
+    # Training: the TrainJob's two trainer pods ran on the real node and ended Succeeded together.
+    trainer_pods = [pod for pod in api.list("v1", "Pod", NAMESPACE)
+                    if "jobset.sigs.k8s.io/jobset-name" in pod["metadata"].get("labels", {})]
+    assert len(trainer_pods) == 2, [pod["metadata"]["name"] for pod in trainer_pods]
+    for pod in trainer_pods:
+        assert pod["spec"]["nodeName"] == cluster.real_node.name
+        assert pod["status"]["phase"] == "Succeeded", (pod["metadata"]["name"], pod["status"])
+
+    # Serving: the published version, Ready through the kubelet's probe, answers through its Service.
+    version = output(workflow, "serve", "version")
+    service = api.get("v1", "Service", f"{MODEL}-predictor", NAMESPACE)
+    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    image, label = holdout_png(tmp_path)
+    ((predicted, score),) = client.predict([image], url=url, model_name=MODEL)
+    say(f"served version {version}: holdout image 0 (label {label}) -> {predicted} ({score:.3f})")
+
+    # Tracking: the tracking server's pod holds the variant's run and points `champion` at the version.
+    champion = tracking_get(api, workflow, "registered-models/alias", name=MODEL,
+                            alias=tracking_names.CHAMPION)
+    run = tracking_get(api, workflow, "runs/get", run_id=champion["model_version"]["run_id"])["run"]
+    say(f"tracking: {MODEL} version {champion['model_version']['version']} is {tracking_names.CHAMPION}, "
+        f"from run {run['info']['run_name']} ({run['info']['status']})")
+    assert run["info"]["status"] == "FINISHED", run["info"]
+
+    # A second run: ingest is memoized (the template says so), the rest runs again.
+    again = run_workflow(api)
+    ingest = [node for node in again["status"]["nodes"].values() if node.get("displayName") == "ingest"]
+    assert any((node.get("memoizationStatus") or {}).get("hit") for node in ingest), ingest
+
+
+# --- What will never serve: the serve step says so within a minute, in the kubelet's words -------------
+
+STEP_ACCOUNT = "dist-ml-pipeline"  # Pulumi.local.yaml's pipeline.serviceAccountName
+FAILS_WITHIN_SECONDS = 60.0
+STARTS_WITHIN_SECONDS = 30.0  # KServe's Deployment and the predictor's pod on this node
+STEP_SECONDS = 240.0
+
+
+def serve_manifest(api, version: str) -> dict:
+    """The serve step's InferenceService as the installed WorkflowTemplate has the step create it."""
+    template = api.get(WORKFLOW_API, "WorkflowTemplate", argo.WORKFLOW_TEMPLATE_NAME, NAMESPACE)
+    (serve,) = [t for t in template["spec"]["templates"] if t["name"] == "serve"]
+    args = serve["container"]["args"]
+    text = args[args.index("--manifest") + 1].replace("{{inputs.parameters.version}}", version)
+    return json.loads(text)
+
+
+def broken_image(container: dict) -> str:
+    container["image"] = container["image"].rpartition(":")[0] + ":never-built"
+    return "ErrImagePull|ImagePullBackOff"
+
+
+def broken_probe(container: dict) -> str:
+    container["readinessProbe"]["httpGet"]["path"] = "/v2/models/no-such-model/ready"
+    return "Readiness probe failed: HTTP probe failed with statuscode: 404"
+
+
+def broken_memory(container: dict) -> str:
+    container["resources"] = {"requests": {"cpu": "250m", "memory": "96Mi"},
+                              "limits": {"cpu": "1", "memory": "96Mi"}}  # TensorFlow alone needs more
+    return "OOMKilled"
+
+
+@pytest.mark.parametrize("breaks", [broken_image, broken_probe, broken_memory],
+                         ids=["unpullable-image", "probe-on-a-missing-path", "over-its-memory-limit"])
+def test_a_predictor_that_will_never_serve_fails_the_serve_step_within_a_minute(cluster, tmp_path, breaks):
+    """The serve step (cluster_steps.release deploy, as the workflow's account) of the version the run
+    published, its predictor changed as a user's mistake would change it."""
+    manifest = serve_manifest(cluster.api, "1")
+    manifest["metadata"]["name"] = f"{MODEL}-{breaks.__name__.replace('_', '-')}"
+    (container,) = manifest["spec"]["predictor"]["containers"]
+    expected = breaks(container)
+    kubeconfig = cluster.kubeconfig_for(NAMESPACE, STEP_ACCOUNT, f"serve-{breaks.__name__}")
+    started = time.monotonic()
+    step = subprocess.run(
+        [sys.executable, "-m", "cluster_steps.release", "deploy", "--namespace", NAMESPACE,
+         "--canary-percent", "0", "--timeout-seconds", str(int(STEP_SECONDS)),
+         "--version-file", str(tmp_path / "version"), "--manifest", json.dumps(manifest)],
+        cwd=ROOT, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True,
+        timeout=STEP_SECONDS + 60)
+    seconds = time.monotonic() - started
+    said = (step.stdout + step.stderr).strip()
+    say(f"{breaks.__name__}: the serve step ended {step.returncode} after {seconds:.0f} s: {said[-400:]}")
+    assert step.returncode != 0 and re.search(expected, said), said
+    # KServe's reconcile and the pod's start come before the minute the step has to tell.
+    assert seconds < FAILS_WITHIN_SECONDS + STARTS_WITHIN_SECONDS, seconds
+    name = manifest["metadata"]["name"]
+    cluster.api.delete("serving.kserve.io/v1beta1", "InferenceService", name, NAMESPACE)
