@@ -23,7 +23,7 @@ from trainer.cluster import (
     cluster_from_environment,
     local_tasks,
     parse_tf_config,
-    wait_for_hosts,
+    wait_for_own_host,
 )
 
 
@@ -191,22 +191,29 @@ class FakeClock:
         self.now += seconds
 
 
-def test_a_pod_waits_for_its_peers_names_and_fails_naming_those_that_never_resolve():
-    """JobSet's hostnames resolve once the peers' pods have addresses; a name that never does (a
-    subdomain that is not the headless Service's) fails the pod with the names, not a hang."""
+def test_a_pod_waits_for_its_own_name_and_fails_naming_it_when_it_never_resolves():
+    """JobSet's hostname of the pod itself resolves seconds after it starts; one that never does (a
+    subdomain that is not the headless Service's) fails the pod naming it, not a hang. Peers are not
+    waited for: a peer's node may still be on its way."""
     cluster = ClusterSpec(cluster={"worker": ["job-node-0-0.job:2222", "job-node-0-1.job:2222"]},
-                          task_type="worker", task_index=0)
-    clock, late = FakeClock(), {"job-node-0-1.job": 10.0}
+                          task_type="worker", task_index=1)
+    clock, late = FakeClock(), {"job-node-0-1.job": 10.0, "job-node-0-0.job": float("inf")}
 
     def resolve(host: str) -> None:
-        if clock.now < late.get(host, 0.0):
+        if clock.now < late[host]:
             raise OSError(f"[Errno -2] Name or service not known: {host}")
 
-    wait_for_hosts(cluster, timeout=30, resolve=resolve, clock=clock, sleep=clock.sleep)
+    wait_for_own_host(cluster, timeout=30, resolve=resolve, clock=clock, sleep=clock.sleep)
     assert 10.0 <= clock.now < 30
     late["job-node-0-1.job"] = float("inf")
     clock.now = 0.0
-    with pytest.raises(ClusterConfigError, match=r"job-node-0-1\.job: \[Errno -2\].*subdomain") as failed:
-        wait_for_hosts(cluster, timeout=30, resolve=resolve, clock=clock, sleep=clock.sleep)
-    assert "job-node-0-0.job:" not in str(failed.value)
-    wait_for_hosts(LOCAL)  # localhost
+    with pytest.raises(ClusterConfigError, match=r"own host job-node-0-1\.job does not resolve .*subdomain"):
+        wait_for_own_host(cluster, timeout=30, resolve=resolve, clock=clock, sleep=clock.sleep)
+    wait_for_own_host(LOCAL)  # localhost
+
+
+def test_a_cluster_the_pod_cannot_form_is_a_users_mistake_that_no_restart_mends():
+    """Exit status 2, JobSet's usage-error rule: the set fails at once instead of restarting."""
+    from common.cli import UsageError
+
+    assert issubclass(ClusterConfigError, UsageError)

@@ -22,6 +22,7 @@ import socket
 import time
 from typing import Callable, Mapping
 
+from common.cli import UsageError
 from common.ports import LOOPBACK, free_ports
 
 TF_CONFIG = "TF_CONFIG"
@@ -50,8 +51,10 @@ JOBSET_ENV = (JOBSET_NAME_ENV, REPLICATED_JOB_ENV, COMPLETION_INDEX_ENV, NUM_NOD
 CLUSTER_ENV = (TF_CONFIG, *JOBSET_ENV, PARAMETER_SERVERS_ENV, LOCAL_ADDRESSES_ENV)
 
 
-class ClusterConfigError(ValueError):
-    """TF_CONFIG, or the environment it is built from, is malformed; the message says what is wrong."""
+class ClusterConfigError(UsageError, ValueError):
+    """TF_CONFIG, or the environment it is built from, is malformed, or names hosts that never resolve;
+    the message says what is wrong. A user's mistake (exit status 2): restarting the pod changes
+    nothing, so JobSet's usage-error rule fails the set at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,9 +250,10 @@ def cluster_from_environment(env: Mapping[str, str]) -> ClusterSpec:
     return LOCAL
 
 
-# A peer's name resolves once its pod has an address (JobSet's headless Service publishes not-ready
-# addresses); a name still unknown after this will not come: a wrong subdomain, or a Service missing.
-HOSTS_RESOLVE_SECONDS = 90.0
+# A pod's own name resolves seconds after it starts (it has its address, and JobSet's headless Service
+# publishes not-ready addresses); one still unknown after this never will: a subdomain that is not the
+# Service's. (A peer's may lag while its node is made: that is TensorFlow's to wait for.)
+OWN_HOST_RESOLVES_SECONDS = 60.0
 HOSTS_POLL_SECONDS = 2.0
 
 
@@ -257,27 +261,23 @@ def resolve_host(host: str) -> None:
     socket.getaddrinfo(host.strip("[]"), None)  # an IPv6 address is bracketed before its port
 
 
-def wait_for_hosts(cluster: ClusterSpec, timeout: float = HOSTS_RESOLVE_SECONDS,
-                   resolve: Callable[[str], None] = resolve_host, clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep) -> None:
-    """Waits until every task's host resolves; ClusterConfigError naming those that do not after
-    `timeout` s (without this check, TensorFlow's collectives wait for them for ever)."""
-    hosts = sorted({address.rpartition(":")[0] for tasks in cluster.cluster.values() for address in tasks})
+def wait_for_own_host(cluster: ClusterSpec, timeout: float = OWN_HOST_RESOLVES_SECONDS,
+                      resolve: Callable[[str], None] = resolve_host,
+                      clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep) -> None:
+    """Waits until this task's own host (as the cluster names it) resolves; ClusterConfigError naming it
+    after `timeout` s (without this check, TensorFlow's collectives wait for it for ever)."""
+    host = cluster.cluster[cluster.task_type][cluster.task_index].rpartition(":")[0]
     deadline = clock() + timeout
     while True:
-        unknown = {}
-        for host in hosts:
-            try:
-                resolve(host)
-            except OSError as error:
-                unknown[host] = error
-        if not unknown:
+        try:
+            resolve(host)
             return
-        if clock() >= deadline:
-            names = "; ".join(f"{host}: {error}" for host, error in unknown.items())
-            raise ClusterConfigError(
-                f"the cluster's hosts do not resolve after {timeout:g} s ({names}): is the pods' subdomain "
-                "the headless Service their names are built on?")
+        except OSError as error:
+            if clock() >= deadline:
+                raise ClusterConfigError(
+                    f"this pod's own host {host} does not resolve after {timeout:g} s ({error}): is the "
+                    "pods' subdomain the headless Service their names are built on?") from None
         sleep(HOSTS_POLL_SECONDS)
 
 

@@ -44,7 +44,7 @@ from trainer.cluster import (
     ClusterConfigError,
     ClusterSpec,
     cluster_from_environment,
-    wait_for_hosts,
+    wait_for_own_host,
 )
 from trainer.devices import Gpu, GpuUnavailable
 from trainer.fashion_mnist import DatasetError, Split, load_split, read_manifest
@@ -417,7 +417,7 @@ def claim_checkpoint_dir(checkpoint_dir: Path, model: str, cluster: ClusterSpec)
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     cluster = cluster_from_environment(os.environ)
-    wait_for_hosts(cluster)
+    wait_for_own_host(cluster)
     gpus = devices.visible_gpus()
     devices.require_gpus(config.gpus, gpus)
     if cluster.uses_parameter_servers and not cluster.is_chief:
