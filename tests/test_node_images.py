@@ -148,5 +148,6 @@ def test_argos_executor_image_is_the_one_the_stacks_controller_config_names():
     executor = images.PROGRAM_IMAGES["argoexec"]
     # Upstream's argoexec-nonroot: a user of its own, which the restricted step pods require.
     assert executor.user == 8737 and executor.path == "/bin/argoexec"
-    assert executor.command in components.argoexec("v4.0.5").commands
-    assert images.PROGRAM_IMAGES["kserve-agent"].command in components.kserve_agent("v0.20.0").commands
+    # Each image's program is the one command of a static component of that name.
+    for component in (components.argoexec("v4.0.5"), components.kserve_agent("v0.20.0")):
+        assert component.name in images.PROGRAM_IMAGES and component.static and len(component.commands) == 1

@@ -12,14 +12,12 @@ from common.cluster_names import CLUSTER_DOMAIN
 from engines.base import condition
 from infra.images import BASE_IMAGES, image_ref
 from tools.control_plane import images
+from tools.control_plane.node import NEVER_STARTS
 from tools.control_plane.nodes import REAL_NODE_TAINT
 
 NAMESPACE = "real-node"
 RUN_SECONDS = 90.0
 HTTP_PORT = 8080
-# The kubelet's reasons for a container that will not start without a change to the pod or the image.
-NEVER_STARTS = {"CreateContainerConfigError", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
-                "InvalidImageName", "CreateContainerError"}
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import functools
 import http.server
-import json
 import threading
 
 import pytest
 
 from stacks import render
-from tools.control_plane import node, stacks
-from tools.control_plane.build import ROOT, Unavailable
+from tools.control_plane import stacks
+from tools.control_plane.build import ROOT
 from tools.control_plane.cluster import BRIDGE_ADDRESS
-from tools.control_plane.pytest_plugin import unavailable
+from tools.control_plane.pytest_plugin import start_real_node
 from tools.control_plane.tier import Tier
 
 SAMPLE = ROOT / "datasets" / "fashion-mnist-sample"  # the official files' names and format, 600 images
@@ -45,25 +44,14 @@ def mirror():
 @pytest.fixture(scope="session")
 def local_render(mirror) -> tuple[render.Rendered, str]:
     """Pulumi.local.yaml with E2E_SETTINGS and the mirror as pipeline.dataSource, rendered."""
-    from stacks.config import from_pulumi_values, parse_stack_config
-
-    values = render.pulumi_values(ROOT / "Pulumi.local.yaml")
-    pipeline = {**json.loads(values["dist-ml:pipeline"]), **E2E_SETTINGS, "dataSource": mirror}
-    values["dist-ml:pipeline"] = json.dumps(pipeline)
-    return render.render("local", values), parse_stack_config(from_pulumi_values(values)).cluster.name
+    return stacks.local_stack({**E2E_SETTINGS, "dataSource": mirror})
 
 
 @pytest.fixture(scope="session")
 def cluster(tier: Tier, local_render) -> Tier:
     """The tier, its real node the only schedulable one, and the local stack's objects applied; the
     stack's claims are provisioned by local-path on the node when their first pod lands there."""
-    built = node.read_images()
-    if built is None:
-        unavailable("the node's images are not built: python -m tools.control_plane.images")
-    try:
-        tier.start_real_node(built, schedulable=True)
-    except Unavailable as missing:
-        unavailable(str(missing))
+    start_real_node(tier, schedulable=True)
     objects, _ = stacks.served(tier.api, stacks.in_dependency_order(local_render[0]))
     tier.api.apply_all(objects)
     return tier

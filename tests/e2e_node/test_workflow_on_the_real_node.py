@@ -16,13 +16,13 @@ import urllib.parse
 
 import pytest
 import requests
-from PIL import Image
 
 from common import tracking_names
 from pipeline import argo
 from serving import client
 from tools.control_plane.build import ROOT
-from trainer.fashion_mnist import read_split
+from tools.control_plane.node import NEVER_STARTS
+from tools.e2e import holdout_png
 
 NAMESPACE = "dist-ml"  # Pulumi.local.yaml's
 WORKFLOW_API = "argoproj.io/v1alpha1"
@@ -30,10 +30,6 @@ WORKFLOW_SECONDS = 1200.0
 POLL_SECONDS = 2.0
 LOG_LINES = 3  # of a failed container, in the run's message
 MODEL = "fmnist"  # Pulumi.local.yaml's pipeline.modelName
-HOLDOUT = ROOT / "datasets" / "fashion-mnist-holdout"
-# The kubelet's reasons for a container that will not start without a change to the pod or the image.
-NEVER_STARTS = {"CreateContainerConfigError", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
-                "InvalidImageName", "CreateContainerError"}
 
 
 def say(line: str) -> None:
@@ -131,13 +127,6 @@ def tracking_uri(workflow: dict) -> str:
     return uri
 
 
-def holdout_png(directory) -> tuple[bytes, int]:
-    holdout = read_split(HOLDOUT, "test")
-    path = directory / "holdout-0.png"
-    Image.fromarray(holdout.images[0][..., 0], mode="L").save(path, format="PNG")
-    return path.read_bytes(), int(holdout.labels[0])
-
-
 def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, tmp_path):
     api = cluster.api
     started = time.monotonic()
@@ -156,8 +145,9 @@ def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, tmp_path):
     version = output(workflow, "serve", "version")
     service = api.get("v1", "Service", f"{MODEL}-predictor", NAMESPACE)
     url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
-    image, label = holdout_png(tmp_path)
-    ((predicted, score),) = client.predict([image], url=url, model_name=MODEL)
+    image = holdout_png(tmp_path)  # `0000-<label>.png`
+    ((predicted, score),) = client.predict([image.read_bytes()], url=url, model_name=MODEL)
+    label = image.stem.partition("-")[2]
     say(f"served version {version}: holdout image 0 (label {label}) -> {predicted} ({score:.3f})")
 
     # Tracking: the tracking server's pod holds the variant's run and points `champion` at the version.

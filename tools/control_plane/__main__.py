@@ -58,15 +58,13 @@ def unavailable(missing: build.Unavailable) -> int:
     return 0
 
 
-def build_node_images(programs: concurrent.futures.Future) -> None:
-    """The real node's images, its manifest written when they are all built (Argo's executor and
-    KServe's agent from the tier's Go build, `programs`, so last). Without buildah and its kin (or
-    PyPI) the node's tests skip, saying why, and the rest of the tier runs; under CI=true it fails
+def write_node_images(base: concurrent.futures.Future, programs: list[build.Built]) -> None:
+    """The real node's images' manifest, once they are all built: those built beside the Go build
+    (`base`), then Argo's executor and KServe's agent from its `programs`. Without buildah and its kin
+    (or PyPI) the node's tests skip, saying why, and the rest of the tier runs; under CI=true it fails
     like a missing Go."""
-    node.IMAGES_MANIFEST.unlink(missing_ok=True)
     try:
-        built = images.build_images()
-        node.write_images([*built, *images.program_images(programs.result())])
+        node.write_images([*base.result(), *images.program_images(programs)])
     except build.Unavailable as missing:
         if build.in_ci():
             raise
@@ -79,17 +77,12 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         # The images' builds wait mostly on PyPI and the disk, the Go builds on the cores: side by side.
-        programs: concurrent.futures.Future = concurrent.futures.Future()
+        node.IMAGES_MANIFEST.unlink(missing_ok=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
-            node_images = beside.submit(build_node_images, programs)
-            try:
-                built = build.build_all()
-            except BaseException as error:
-                programs.set_exception(error)
-                raise
-            programs.set_result(built)
+            base = beside.submit(images.build_images)
+            built = build.build_all()
             build.write_manifest(built)
-            node_images.result()
+        write_node_images(base, built)
         if argv[0] in TESTS:
             return in_namespaces(
                 sys.executable, "-m", "pytest", TESTS[argv[0]], "-p", "no:xdist", "-p", PLUGIN, *argv[1:]

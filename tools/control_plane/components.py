@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 STACKS = ("local", "gke")
 # KWOK simulates the nodes and the pods' lifecycle: the tier's own tool, not something a stack installs.
 KWOK_VERSION = "v0.8.0"
+ARGO_MODULE = "github.com/argoproj/argo-workflows/v4"  # its workflow controller and executor
+KSERVE_MODULE = "github.com/kserve/kserve"  # its controller and agent
 # k3s' storage class (local-path) is served by rancher/local-path-provisioner, which k3s ships built in;
 # the tier runs it from its module: v0.0.30, the newest release the module proxy serves whose checksum
 # the checksum database verifies (v0.0.31 and v0.0.32 are not served, v0.0.33 is not in sum.golang.org).
@@ -46,7 +48,6 @@ class Component:
     pinned_by: str  # where the version comes from, for the start line
     static: bool = False  # built without cgo: the program runs in an image without a C library
     links: tuple[tuple[str, str], ...] = ()  # (path, target): upstream's symbolic links, restored
-
 
     def command(self, package_suffix: str) -> str:
         """The full package path of the command whose path ends with `package_suffix`."""
@@ -105,9 +106,9 @@ def kueue(version: str) -> Component:
 def kserve(version: str) -> Component:
     return Component(
         "kserve",
-        "github.com/kserve/kserve",
+        KSERVE_MODULE,
         version,
-        ("github.com/kserve/kserve/cmd/manager",),
+        (f"{KSERVE_MODULE}/cmd/manager",),
         "platform.kserveVersion",
     )
 
@@ -115,9 +116,9 @@ def kserve(version: str) -> Component:
 def argo(version: str) -> Component:
     return Component(
         "argo",
-        "github.com/argoproj/argo-workflows/v4",
+        ARGO_MODULE,
         version,
-        ("github.com/argoproj/argo-workflows/v4/cmd/workflow-controller",),
+        (f"{ARGO_MODULE}/cmd/workflow-controller",),
         "platform.argoVersion",
     )
 
@@ -131,9 +132,9 @@ def argoexec(version: str) -> Component:
     """Argo's executor, from the module of the workflow controller the tier runs, its links restored."""
     return Component(
         "argoexec",
-        "github.com/argoproj/argo-workflows/v4",
+        ARGO_MODULE,
         version,
-        ("github.com/argoproj/argo-workflows/v4/cmd/argoexec",),
+        (f"{ARGO_MODULE}/cmd/argoexec",),
         "the workflow controller the tier runs",
         static=True,  # copied into every step's container, whatever its C library (upstream: CGO_ENABLED=0)
         links=ARGOEXEC_LINKS,
@@ -143,7 +144,7 @@ def argoexec(version: str) -> Component:
 def kserve_agent(version: str) -> Component:
     """KServe's agent (the predictor's logger sidecar), static as its agent.Dockerfile builds it."""
     return Component(
-        "kserve-agent", "github.com/kserve/kserve", version, ("github.com/kserve/kserve/cmd/agent",),
+        "kserve-agent", KSERVE_MODULE, version, (f"{KSERVE_MODULE}/cmd/agent",),
         "platform.kserveVersion", static=True,
     )
 

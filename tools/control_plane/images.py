@@ -49,6 +49,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -331,38 +332,35 @@ def build_helper() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ProgramImage:
-    """One static Go program of the tier's build in a scratch image, laid out as its upstream Dockerfile
-    lays it out on distroless static."""
+    """The one program of a static component of the tier's build in a scratch image, laid out as its
+    upstream Dockerfile lays it out on distroless static."""
 
-    command: str  # the main package (tools.control_plane.build's manifest key)
     path: str  # where upstream's Dockerfile puts it
     user: int  # upstream's USER (distroless' `nonroot` is 65532)
-    name: callable  # () -> the image's name, as the cluster's config asks for it
+    name: Callable[[Path], str]  # the module's directory -> the image's name, as the cluster's config has it
 
 
-def executor_name() -> str:
+def executor_name(_module_dir: Path | None = None) -> str:
     """The executor image the stacks' workflow-controller config names (pipeline.argo.executor_config)."""
     from pipeline.argo import EXECUTOR_IMAGE
 
     return EXECUTOR_IMAGE.format(version=components.pins().argo)
 
 
-def kserve_agent_name() -> str:
+def kserve_agent_name(module_dir: Path) -> str:
     """The agent image KServe's chart configures (charts/kserve-resources/values.yaml: kserve.agent's
     image and tag, the chart's kserve.version when the tag is empty); the stacks leave it as it is."""
-    module_dir = Path(build.download("github.com/kserve/kserve", components.pins().kserve)["Dir"])
     chart_values = module_dir / "charts" / "kserve-resources" / "values.yaml"
     values = yaml.safe_load(chart_values.read_text())["kserve"]
     return f"{values['agent']['image']}:{values['agent']['tag'] or values['version']}"
 
 
+# By the name of the component (tools.control_plane.components) that builds the program.
 PROGRAM_IMAGES = {
     # Argo's Dockerfile, target argoexec-nonroot: /bin/argoexec, USER 8737.
-    "argoexec": ProgramImage("github.com/argoproj/argo-workflows/v4/cmd/argoexec", "/bin/argoexec", 8737,
-                             executor_name),
+    "argoexec": ProgramImage("/bin/argoexec", 8737, executor_name),
     # KServe's agent.Dockerfile: /ko-app/agent on distroless static:nonroot. The predictor's logger.
-    "kserve-agent": ProgramImage("github.com/kserve/kserve/cmd/agent", "/ko-app/agent", 65532,
-                                 kserve_agent_name),
+    "kserve-agent": ProgramImage("/ko-app/agent", 65532, kserve_agent_name),
 }
 PROGRAM_CONTAINERFILE = """\
 FROM scratch
@@ -391,11 +389,13 @@ def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
 
 def program_images(built_programs: list[build.Built], say=print) -> list[NodeImage]:
     """The upstream programs' images, from the static programs the tier's Go build made."""
-    binaries = {command: path for item in built_programs for command, path in item.binaries.items()}
+    by_component = {item.name: item for item in built_programs}
     exported = []
-    for image in PROGRAM_IMAGES.values():
-        name = qualified(image.name())
-        built(name, functools.partial(build_program_image, image, name, Path(binaries[image.command])), say)
+    for component, image in PROGRAM_IMAGES.items():
+        program = by_component[component]
+        (binary,) = program.binaries.values()
+        name = qualified(image.name(Path(program.module_dir)))
+        built(name, functools.partial(build_program_image, image, name, Path(binary)), say)
         exported.append(NodeImage(name, export(name)))
     return exported
 

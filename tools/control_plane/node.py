@@ -69,6 +69,9 @@ CGROUP_REMOVE_SECONDS = 10.0
 START_SECONDS = 120.0
 READY_SECONDS = 120.0
 IMPORT_SECONDS = 600.0
+# The kubelet's reasons for a container that will not start without a change to the pod or the image.
+NEVER_STARTS = {"CreateContainerConfigError", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
+                "InvalidImageName", "CreateContainerError"}
 
 
 # What tools.control_plane.images built for this checkout, which the tier's node loads.

@@ -58,17 +58,23 @@ def tier(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, 
         started.stop()
 
 
-@pytest.fixture(scope="session")
-def real_node(tier: Tier) -> RealNode:
-    """The real node (containerd, runc, the kubelet, kube-proxy, CoreDNS), started the first time a
-    test asks for it, with the images tools.control_plane.images built loaded into its runtime."""
+def start_real_node(tier: Tier, schedulable: bool = False) -> RealNode:
+    """The tier's real node with the images tools.control_plane.images built; a skip (a failure under
+    CI=true) saying what is missing when it cannot start here."""
     built = node.read_images()
     if built is None:
         unavailable("the node's images are not built: python -m tools.control_plane.images")
     try:
-        return tier.start_real_node(built)
+        return tier.start_real_node(built, schedulable)
     except build.Unavailable as missing:
         unavailable(str(missing))
+
+
+@pytest.fixture(scope="session")
+def real_node(tier: Tier) -> RealNode:
+    """The real node (containerd, runc, the kubelet, kube-proxy, CoreDNS), started the first time a
+    test asks for it, with the images tools.control_plane.images built loaded into its runtime."""
+    return start_real_node(tier)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ reason, and every other kind must be one the API server serves.
 from __future__ import annotations
 
 import graphlib
+import json
 
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
@@ -28,11 +29,14 @@ UNSERVED_KINDS = {
 }
 
 
-def local_stack() -> tuple[render.Rendered, str]:
-    """Pulumi.local.yaml rendered, and its k3d cluster's name (whose node the tier simulates)."""
+def local_stack(pipeline: dict | None = None) -> tuple[render.Rendered, str]:
+    """Pulumi.local.yaml rendered (its pipeline section updated with `pipeline`, as a user edits it),
+    and its k3d cluster's name (whose node the tier simulates)."""
     from stacks.config import from_pulumi_values, parse_stack_config
 
     values = render.pulumi_values(ROOT / "Pulumi.local.yaml")
+    if pipeline:
+        values["dist-ml:pipeline"] = json.dumps({**json.loads(values["dist-ml:pipeline"]), **pipeline})
     return render.render("local", values), parse_stack_config(from_pulumi_values(values)).cluster.name
 
 

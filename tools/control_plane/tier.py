@@ -201,20 +201,20 @@ class Tier:
     def _start_local_path(self) -> None:
         storage = self.directory / "node" / "storage"
         storage.mkdir(parents=True, exist_ok=True)
-        context = upstream.Context(self.components, Binaries.of(self.built).__getitem__, self.kubernetes.pki,
-                                   self.directory, self.admin, {})
-        install = upstream.local_path(context, storage, self.admin)
+        provisioner = self.components["local-path-provisioner"]
+        install = upstream.local_path(Path(provisioner.module_dir), storage, self.admin)
         self.api.apply_all(install.objects)
+        (executable,) = provisioner.binaries.values()
         program = Program(
             "local-path-provisioner",
-            [context.programs("local-path-provisioner"), *install.args],
+            [executable, *install.args],
             self.directory / "logs" / "local-path-provisioner.log",
         ).start()
         self.programs.append(program)
         program.wait_until(lambda: upstream.LOCAL_PATH_READY_LINE in program.tail(), "started",
                            CONTROLLER_START_SECONDS)
-        self.say(f"control-plane: local-path-provisioner {self.components['local-path-provisioner'].version} "
-                 f"(rancher.io/local-path; volumes under {storage})")
+        self.say(f"control-plane: local-path-provisioner {provisioner.version} (rancher.io/local-path; "
+                 f"volumes under {storage})")
 
     def stop(self) -> None:
         if self.real_node is not None:

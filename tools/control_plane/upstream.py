@@ -472,10 +472,11 @@ class LocalPath:
     args: list[str]
 
 
-def local_path(ctx: Context, storage: Path, kubeconfig: Path) -> LocalPath:
-    """The upstream install with the provisioner's Deployment left out (the tier runs its process) and
-    its config's node path under `storage`, where the node's helper pods make each volume's directory."""
-    install = load_all((ctx.module("local-path-provisioner") / LOCAL_PATH_DEPLOY).read_text())
+def local_path(module_dir: Path, storage: Path, kubeconfig: Path) -> LocalPath:
+    """The upstream install (from the provisioner's module) with its Deployment left out (the tier runs
+    its process) and its config's node path under `storage`, where the node's helper pods make each
+    volume's directory."""
+    install = load_all((module_dir / LOCAL_PATH_DEPLOY).read_text())
     (config,) = [obj for obj in of_kind(install, "ConfigMap") if obj["metadata"]["name"] == LOCAL_PATH_CONFIG]
     paths = json.loads(config["data"]["config.json"])
     for entry in paths["nodePathMap"]:
