@@ -20,9 +20,9 @@ from tools.control_plane.tier import Tier
 
 SAMPLE = ROOT / "datasets" / "fashion-mnist-sample"  # the official files' names and format, 600 images
 # Pulumi.local.yaml's pipeline section, changed as a user changes it for a short run on a laptop: one
-# variant, two short epochs, each published version served at once (no canary waiting for traffic),
-# and the dataset from a mirror (as an air-gapped cluster's would be).
-E2E_SETTINGS = {"variants": ["cnn_gap"], "epochs": 2, "stepsPerEpoch": 4, "rollout": {"canaryPercent": 0}}
+# variant, three short epochs (one to lose a pod after, two to resume), each published version served at
+# once (no canary waiting for traffic), and the dataset from a mirror (as an air-gapped cluster's would be).
+E2E_SETTINGS = {"variants": ["cnn_gap"], "epochs": 3, "stepsPerEpoch": 4, "rollout": {"canaryPercent": 0}}
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

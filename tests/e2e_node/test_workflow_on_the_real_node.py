@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 
@@ -18,6 +19,7 @@ import pytest
 import requests
 
 from common import tracking_names
+from engines.trainjob import JOBSET_NAME_LABEL, NODE_CONTAINER, RESTART_ATTEMPT_LABEL
 from pipeline import argo
 from serving import client
 from tools.control_plane.build import ROOT
@@ -127,19 +129,82 @@ def tracking_uri(workflow: dict) -> str:
     return uri
 
 
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # Kubernetes' Indexed Job: the pod's worker index
+FIRST_EPOCH_END = re.compile(r"epoch 1/(\d+) ")  # trainer.train.ProgressLogger: its backup is on disk
+RESUMED = re.compile(r"resuming from backup at epoch (\d+)/\d+")
+
+
+def trainer_pods(api, attempt: int | None = None) -> dict[int, dict]:
+    """The TrainJob's pods by worker index (of JobSet's restart `attempt`, or all)."""
+    pods = [pod for pod in api.list("v1", "Pod", NAMESPACE)
+            if JOBSET_NAME_LABEL in pod["metadata"].get("labels", {})]
+    return {int(pod["metadata"]["labels"][INDEX_LABEL]): pod for pod in pods
+            if attempt is None or pod["metadata"]["labels"].get(RESTART_ATTEMPT_LABEL) == str(attempt)}
+
+
+class WorkerKiller(threading.Thread):
+    """Follows worker 0's log; the moment it ends its first epoch (the backup written), SIGKILLs worker
+    1's trainer container on the node, as a crash or the OOM killer would, with epochs still to go."""
+
+    def __init__(self, cluster):
+        super().__init__(daemon=True)
+        self.cluster, self.killed, self.error = cluster, None, None
+
+    def run(self) -> None:
+        try:
+            self.kill_after_the_first_epoch()
+        except Exception as error:  # noqa: BLE001 - reported by the test's own thread
+            self.error = error
+
+    def running_pair(self) -> tuple[dict, dict]:
+        while True:
+            pods = trainer_pods(self.cluster.api, attempt=0)
+            if len(pods) == 2 and all(pod["status"].get("phase") == "Running" for pod in pods.values()):
+                return pods[0], pods[1]
+            time.sleep(POLL_SECONDS)
+
+    def kill_after_the_first_epoch(self) -> None:
+        worker0, worker1 = self.running_pair()
+        log = self.cluster.api.core.read_namespaced_pod_log(
+            worker0["metadata"]["name"], NAMESPACE, container=NODE_CONTAINER, follow=True,
+            _preload_content=False)
+        seen, first_epoch = "", None
+        for chunk in log.stream():
+            seen += chunk.decode(errors="replace")
+            if first_epoch := FIRST_EPOCH_END.search(seen):
+                break
+        log.release_conn()
+        assert first_epoch, f"worker 0 ended without its first epoch: {seen[-600:]}"
+        assert int(first_epoch[1]) > 1, f"one epoch only: nothing left to resume ({first_epoch[0]})"
+        (container,) = [status for status in worker1["status"]["containerStatuses"]
+                        if status["name"] == NODE_CONTAINER]
+        self.cluster.real_node.kill_container(container["containerID"])
+        self.killed = worker1["metadata"]["name"]
+        say(f"worker 0 ended {first_epoch[0].strip()}: killed pod {self.killed}'s trainer (SIGKILL)")
+
+
 def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, tmp_path):
     api = cluster.api
     started = time.monotonic()
+    killer = WorkerKiller(cluster)
+    killer.start()
     workflow = run_workflow(api)
     say(f"workflow {workflow['metadata']['name']} Succeeded in {time.monotonic() - started:.0f} s")
+    killer.join(timeout=POLL_SECONDS)
+    assert killer.error is None and killer.killed, killer.error or "no trainer pod was killed"
 
-    # Training: the TrainJob's two trainer pods ran on the real node and ended Succeeded together.
-    trainer_pods = [pod for pod in api.list("v1", "Pod", NAMESPACE)
-                    if "jobset.sigs.k8s.io/jobset-name" in pod["metadata"].get("labels", {})]
-    assert len(trainer_pods) == 2, [pod["metadata"]["name"] for pod in trainer_pods]
-    for pod in trainer_pods:
+    # Training: a worker killed after the first epoch; JobSet restarted the set, and its two new pods
+    # resumed from the backup on the real node and ended Succeeded together.
+    pods = trainer_pods(api)
+    assert sorted(pods) == [0, 1], [pod["metadata"]["name"] for pod in pods.values()]
+    for pod in pods.values():
         assert pod["spec"]["nodeName"] == cluster.real_node.name
         assert pod["status"]["phase"] == "Succeeded", (pod["metadata"]["name"], pod["status"])
+        assert pod["metadata"]["labels"][RESTART_ATTEMPT_LABEL] == "1", pod["metadata"]["labels"]
+    resumed = RESUMED.search(api.core.read_namespaced_pod_log(pods[0]["metadata"]["name"], NAMESPACE,
+                                                              container=NODE_CONTAINER))
+    assert resumed and int(resumed[1]) > 1, "worker 0 of the restarted set did not resume from the backup"
+    say(f"JobSet restarted the set once; worker 0 {resumed[0]}")
 
     # Serving: the published version, Ready through the kubelet's probe, answers through its Service.
     version = output(workflow, "serve", "version")

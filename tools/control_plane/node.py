@@ -400,6 +400,12 @@ class RealNode:
             raise StartError(f"ctr {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
+    def kill_container(self, container_id: str) -> None:
+        """SIGKILL to every process of a running container (a pod status's `containerd://<id>`), as the
+        kernel's OOM killer or a crash ends it: the kubelet sees it exit 137."""
+        self.ctr("tasks", "kill", "--all", "--signal", "SIGKILL", container_id.removeprefix("containerd://"),
+                 timeout=30)
+
     def _import_images(self) -> None:
         """Each archive imported, but one the store already holds from the same build (its exporter's
         stamp: the image's ID)."""
