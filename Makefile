@@ -75,22 +75,23 @@ PYTEST_WORKERS ?= auto
 # The virtualenvs the slow tier runs users' paths in (tools/virtualenvs.py, standard library only) are
 # built in the background, beside the dev install and then the tests: a pip install keeps about one
 # core busy, and a test that needs one of them waits for it.
-# Prometheus, which the autoscaling query's test scrapes the server with, is unpacked from Debian's
-# package (tools/prometheus.py, standard library only) beside them: a few seconds, done before pytest.
-# The control-plane tier (tests/cluster/, make test-cluster) runs beside them, from the moment .venv is
-# there: building its Go programs the first time keeps both cores busy for many minutes, and once built
-# its tests mostly wait on the controllers. Its output is printed when it ends.
+# Prometheus, which the autoscaling query's test and the end-to-end run's scaling scrape the server
+# with, is unpacked from Debian's package (tools/prometheus.py, standard library only) beside them: a
+# few seconds, done before the tests start.
+# The control-plane tiers run beside them, from the moment .venv is there: tests/cluster/ (make
+# test-cluster) and the end-to-end run on the real node (tests/e2e_node/, make test-e2e), each in a
+# tier of its own, at once. Building their Go programs the first time keeps both cores busy for many
+# minutes; once built, their tests mostly wait on the controllers and the pods. Their output is
+# printed when they end.
 TIER_LOG = .cache/control-plane/test.log
 test:
 	$(PYTHON) -m tools.virtualenvs & built=$$!; \
 	$(PYTHON) -m tools.prometheus & prometheus=$$!; \
-	$(MAKE) --no-print-directory $(INSTALLED) || exit 1; \
-	mkdir -p $(dir $(TIER_LOG)); { $(PY) -m tools.control_plane test; cluster=$$?; \
-		$(PY) -m tools.control_plane e2e; e2e=$$?; [ $$cluster = 0 ] && exit $$e2e || exit 1; } \
-		> $(TIER_LOG) 2>&1 & tier=$$!; \
-	$(PY) -m ruff check . && wait $$prometheus && \
+	$(MAKE) --no-print-directory $(INSTALLED) || exit 1; wait $$prometheus || exit 1; \
+	mkdir -p $(dir $(TIER_LOG)); $(PY) -m tools.control_plane all > $(TIER_LOG) 2>&1 & tier=$$!; \
+	$(PY) -m ruff check . && \
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope; tested=$$?; \
-	wait $$tier; tiered=$$?; echo "--- the control-plane tier (make test-cluster, then make test-e2e) ---"; \
+	wait $$tier; tiered=$$?; echo "--- the control-plane tiers (make test-cluster and make test-e2e) ---"; \
 	cat $(TIER_LOG); \
 	wait $$built && [ $$tested = 0 ] && exit $$tiered || exit 1
 
@@ -118,6 +119,7 @@ test-cluster: $(INSTALLED)
 E2E_ARGS ?=
 .PHONY: test-e2e
 test-e2e: $(INSTALLED)
+	$(PYTHON) -m tools.prometheus
 	$(PY) -m tools.control_plane e2e $(E2E_ARGS)
 
 test-fast: $(INSTALLED)

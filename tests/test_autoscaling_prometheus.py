@@ -32,9 +32,9 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-import psutil
 import pytest
 from conftest import in_ci
+from prometheus_scrape import listening_port, target_labels
 from stack_checks import WORKFLOW_NAMESPACE, embedded
 
 from cluster_steps.inference_service import PREDICTOR_PORT_NAME
@@ -55,34 +55,7 @@ BATCH_WAIT_MS = 1000
 LOAD_SECONDS = 16.0
 SCRAPES = 6  # seconds of samples before the queries are asked
 LOADED_MARGIN_SECONDS = 1.0  # before the clients' deadline: every client still holds a request
-PORT_SECONDS = 120.0
 POD = f"{MODEL}-predictor-7d9f8c6b5-x2k4q"  # a name KServe's Deployment gives a predictor pod
-
-
-def listening_port(process: subprocess.Popen, log: Path, timeout: float = PORT_SECONDS) -> int:
-    """The TCP port `process` (bound to port 0) listens on, read from its socket (Prometheus logs the
-    address it was given, 127.0.0.1:0, before the one it got)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"exited with {process.returncode}: {log.read_text()[-2000:]}")
-        ports = {c.laddr.port for c in psutil.Process(process.pid).connections("tcp")
-                 if c.status == psutil.CONN_LISTEN}
-        if ports:
-            (port,) = ports
-            return port
-        time.sleep(0.2)
-    raise AssertionError(f"not listening after {timeout:.0f}s: {log.read_text()[-2000:]}")
-
-
-def target_labels(podmonitor: dict, pod_labels: dict[str, str]) -> dict[str, str]:
-    """What Prometheus Operator's relabeling gives a target of `podmonitor` (promcfg.go 1483-1538)."""
-    sanitized = {re.sub(r"[^a-zA-Z0-9_]", "_", name): pod_labels[name]
-                 for name in podmonitor["spec"].get("podTargetLabels", [])}
-    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
-    metadata = podmonitor["metadata"]
-    return {"namespace": WORKFLOW_NAMESPACE, "container": PREDICTOR_CONTAINER, "pod": POD, **sanitized,
-            "job": f"{metadata['namespace']}/{metadata['name']}", "endpoint": endpoint["port"]}
 
 
 def trigger_query(metric: str) -> str:
@@ -154,7 +127,8 @@ def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
     (podmonitor,) = [m for m in monitors(WORKFLOW_NAMESPACE, MODEL, "custom", ENGINES[DEFAULT_ENGINE])
                      if m["kind"] == "PodMonitor"]
     assert podmonitor["spec"]["podMetricsEndpoints"][0]["port"] == PREDICTOR_PORT_NAME
-    labels = target_labels(podmonitor, {ISVC_LABEL: MODEL, "component": "predictor"})
+    labels = target_labels(podmonitor, WORKFLOW_NAMESPACE, POD, PREDICTOR_CONTAINER,
+                           {ISVC_LABEL: MODEL, "component": "predictor"})
     server_args = ["--model-repo", published_repo, "--model-name", MODEL,
                    "--max-batch-wait-ms", BATCH_WAIT_MS]
     with running_server(server_args, MODEL, tmp_path / "server.log") as (url, _):

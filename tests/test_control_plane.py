@@ -147,6 +147,22 @@ def test_a_webhook_calls_the_process_with_the_tiers_ca_and_fails_closed():
     assert configuration["webhooks"][0]["failurePolicy"] == "Ignore"  # upstream's, untouched
 
 
+def test_no_two_programs_of_the_tier_are_given_one_port():
+    """One network namespace holds them all: a program given a port another holds fails to bind it, and
+    a readiness check on that port asks the other one."""
+    from tools.control_plane import cluster, node, tier
+
+    ports = [
+        cluster.ETCD_CLIENT_PORT, cluster.ETCD_PEER_PORT, cluster.API_SERVER_PORT,
+        cluster.CONTROLLER_MANAGER_PORT, cluster.SCHEDULER_PORT, tier.KWOK_HEALTH_PORT,
+        node.KUBELET_PORT, node.KUBELET_HEALTH_PORT, node.KUBE_PROXY_HEALTH_PORT,
+        node.KUBE_PROXY_METRICS_PORT,
+        node.COREDNS_READY_PORT, node.COREDNS_HEALTH_PORT, upstream.ARGO_HEALTH_PORT, upstream.KEDA_GRPC_PORT,
+        *(port for pair in upstream.PORTS.values() for port in (pair.webhook, pair.health) if port),
+    ]
+    assert len(ports) == len(set(ports)), sorted(ports)
+
+
 def test_the_tier_will_not_bind_its_fixed_ports_outside_its_own_namespace(tmp_path, monkeypatch):
     monkeypatch.delenv("DIST_ML_CONTROL_PLANE_NAMESPACE", raising=False)
     with pytest.raises(NotIsolated, match="python -m tools.control_plane test"):
@@ -158,6 +174,37 @@ def test_what_the_tier_cannot_have_fails_under_ci_and_is_said_elsewhere(monkeypa
     monkeypatch.setenv("CI", ci)
     assert launcher.unavailable(build.Unavailable("go is not on PATH")) == status
     assert "go is not on PATH" in capsys.readouterr().err
+
+
+def test_make_tests_two_tiers_run_at_once_and_both_outputs_are_printed_with_their_status(
+    tmp_path, monkeypatch, capsys
+):
+    """Each tier's run (here a stand-in) waits until the other has started: run one after the other,
+    the first would give up."""
+
+    def stand_in(*command: str, output=None) -> subprocess.Popen:
+        name = "test" if "tests/cluster" in command else "e2e"
+        other = "e2e" if name == "test" else "test"
+        script = textwrap.dedent(f"""
+            import time
+            from pathlib import Path
+            Path({str(tmp_path / name)!r}).touch()
+            deadline = time.monotonic() + 20
+            while not Path({str(tmp_path / other)!r}).exists():
+                if time.monotonic() > deadline:
+                    raise SystemExit("{name}: the other tier never started")
+                time.sleep(0.05)
+            print("{name} ran")
+            raise SystemExit({1 if name == "e2e" else 0})
+        """)
+        return subprocess.Popen([sys.executable, "-c", script], stdout=output, stderr=subprocess.STDOUT)
+
+    monkeypatch.setattr(launcher, "in_namespaces", stand_in)
+    monkeypatch.setattr(launcher, "LOGS", tmp_path / "logs")
+    assert launcher.side_by_side() == 1  # e2e's stand-in fails
+    printed = capsys.readouterr().out
+    assert printed.index("--- python -m tools.control_plane test (exit status 0) ---\ntest ran") < \
+        printed.index("--- python -m tools.control_plane e2e (exit status 1) ---\ne2e ran"), printed
 
 
 def test_a_program_dies_with_the_process_that_started_it(tmp_path):

@@ -23,6 +23,14 @@ SAMPLE = ROOT / "datasets" / "fashion-mnist-sample"  # the official files' names
 # variant, three short epochs (one to lose a pod after, two to resume), each published version served at
 # once (no canary waiting for traffic), and the dataset from a mirror (as an air-gapped cluster's would be).
 E2E_SETTINGS = {"variants": ["cnn_gap"], "epochs": 3, "stepsPerEpoch": 4, "rollout": {"canaryPercent": 0}}
+# Its monitoring and serving sections, as a user sets them to scale the predictor on load with KEDA:
+# requests in flight, two per replica, one to two replicas, back down as soon as the load is gone; our
+# server holds each batch open a second, so that a client's request is in flight nearly all the time.
+E2E_SCALING = {
+    "monitoring": {"enabled": True},
+    "serving": {"minReplicas": 1, "maxReplicas": 2, "maxBatchWaitMs": 1000,
+                "autoscaling": {"metric": "inflight", "target": 2, "scaleDownStabilization": "0s"}},
+}
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -44,14 +52,14 @@ def mirror():
 @pytest.fixture(scope="session")
 def local_render(mirror) -> tuple[render.Rendered, str]:
     """Pulumi.local.yaml with E2E_SETTINGS and the mirror as pipeline.dataSource, rendered."""
-    return stacks.local_stack({**E2E_SETTINGS, "dataSource": mirror})
+    return stacks.local_stack(pipeline={**E2E_SETTINGS, "dataSource": mirror}, **E2E_SCALING)
 
 
 @pytest.fixture(scope="session")
 def cluster(tier: Tier, local_render) -> Tier:
     """The tier, its real node the only schedulable one, and the local stack's objects applied; the
     stack's claims are provisioned by local-path on the node when their first pod lands there."""
-    start_real_node(tier, schedulable=True)
+    start_real_node(tier)
     objects, _ = stacks.served(tier.api, stacks.in_dependency_order(local_render[0]))
     tier.api.apply_all(objects)
     return tier

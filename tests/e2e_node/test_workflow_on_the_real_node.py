@@ -14,16 +14,25 @@ import sys
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 
 import pytest
 import requests
+from prometheus_scrape import file_targets, listening_port, write_targets
 
 from common import tracking_names
+from common.cluster_names import predictor_deployment_name
 from engines.trainjob import JOBSET_NAME_LABEL, NODE_CONTAINER, RESTART_ATTEMPT_LABEL
+from infra.monitoring import prometheus_url
 from pipeline import argo
 from serving import client
+from stacks.compose import MONITORING
+from tools import prometheus as prometheus_tool
 from tools.control_plane.build import ROOT
+from tools.control_plane.cluster import BRIDGE_ADDRESS
 from tools.control_plane.node import NEVER_STARTS
+from tools.control_plane.processes import answers
+from tools.control_plane.pytest_plugin import unavailable
 from tools.e2e import holdout_png
 
 NAMESPACE = "dist-ml"  # Pulumi.local.yaml's
@@ -227,6 +236,145 @@ def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, tmp_path):
     again = run_workflow(api)
     ingest = [node for node in again["status"]["nodes"].values() if node.get("displayName") == "ingest"]
     assert any((node.get("memoizationStatus") or {}).get("hit") for node in ingest), ingest
+
+
+# --- Scaling on load: KEDA's HPA, through the aggregation layer, on the stack's Prometheus query ------
+
+SCALE_CLIENTS = 6  # requests held in flight: three times one replica's target (conftest.E2E_SCALING)
+SCALE_SECONDS = 240.0
+DISCOVERY_SECONDS = 1.0
+PROMETHEUS_START_SECONDS = 60.0
+
+
+@pytest.fixture
+def prometheus(cluster, local_render, tmp_path):
+    """Debian's Prometheus behind the Service the InferenceService's trigger names (serverAddress), with
+    no selector: its endpoint is the process, on the tier's bridge. The Service's name resolves to its
+    cluster IP in the tier's /etc/hosts, for KEDA's operator (a process here) as CoreDNS answers the
+    operator's pod. It scrapes every pod the stack's PodMonitor selects, as Prometheus Operator would
+    configure it, the pods discovered here each second (prometheus_scrape.py). Its URL."""
+    if not prometheus_tool.BINARY.is_file():
+        unavailable(f"Prometheus {prometheus_tool.RELEASE} is not unpacked: {prometheus_tool.INSTALL_HINT}")
+    (podmonitor,) = [obj for obj in local_render[0].objects if obj["kind"] == "PodMonitor"]
+    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+    targets = tmp_path / "targets.json"
+    write_targets(targets, [])
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({  # YAML is a superset of JSON
+        "global": {"scrape_interval": endpoint["interval"], "evaluation_interval": endpoint["interval"]},
+        "scrape_configs": [{"job_name": "podmonitor", "metrics_path": endpoint["path"],
+                            "file_sd_configs": [{"files": [str(targets)]}]}]}))
+    log = tmp_path / "prometheus.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [str(prometheus_tool.BINARY), f"--config.file={config}", f"--storage.tsdb.path={tmp_path}/tsdb",
+             f"--web.listen-address={BRIDGE_ADDRESS}:0"], stdout=out, stderr=subprocess.STDOUT)
+    stopped = threading.Event()
+
+    def discover() -> None:
+        while not stopped.wait(DISCOVERY_SECONDS):
+            write_targets(targets, file_targets(podmonitor, cluster.api.list("v1", "Pod", NAMESPACE)))
+
+    discovery = threading.Thread(target=discover, daemon=True)
+    hosts = Path("/etc/hosts")  # the tier's own (an overlay of the machine's /etc)
+    before = hosts.read_text()
+    try:
+        port = listening_port(server, log)
+        address = urllib.parse.urlsplit(prometheus_url(MONITORING))
+        service_name, namespace = address.hostname.split(".")[:2]
+        metadata = {"name": service_name, "namespace": namespace}
+        cluster.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        service = cluster.api.apply({"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+                                     "spec": {"ports": [{"name": "http-web", "port": address.port}]}})
+        cluster.api.apply({"apiVersion": "v1", "kind": "Endpoints", "metadata": metadata, "subsets": [
+            {"addresses": [{"ip": BRIDGE_ADDRESS}], "ports": [{"name": "http-web", "port": port}]}]})
+        hosts.write_text(f"{before.rstrip()}\n{service['spec']['clusterIP']} {address.hostname}\n")
+        discovery.start()
+        url = f"http://{BRIDGE_ADDRESS}:{port}"
+        cluster.api.wait(answers(f"{url}/-/ready"), "Prometheus ready", PROMETHEUS_START_SECONDS)
+        yield url
+    finally:
+        stopped.set()
+        if discovery.is_alive():
+            discovery.join()
+        server.terminate()
+        server.wait(timeout=30)
+        hosts.write_text(before)
+
+
+class HeldLoad:
+    """`clients` threads, each sending one holdout image after another through `url` until stopped."""
+
+    def __init__(self, url: str, image: bytes, clients: int):
+        self.url, self.image, self.stopped = url, image, threading.Event()
+        self.answered, self.errors = 0, []
+        self.threads = [threading.Thread(target=self.send, daemon=True) for _ in range(clients)]
+
+    def send(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client.predict([self.image], url=self.url, model_name=MODEL)
+                self.answered += 1
+            except Exception as error:  # noqa: BLE001 - counted, and the test fails on any
+                self.errors.append(repr(error))
+
+    def __enter__(self) -> HeldLoad:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def scaling_state(api) -> str:
+    """The predictor's replicas and what KEDA's HPA says of them: the words a failed wait ends with."""
+    name = predictor_deployment_name(MODEL)
+    deployment = api.get("apps/v1", "Deployment", name, NAMESPACE)
+    hpas = api.list("autoscaling/v2", "HorizontalPodAutoscaler", NAMESPACE)
+    conditions = [f"{hpa['metadata']['name']} {c['type']}={c['status']} {c.get('reason')}: {c.get('message')}"
+                  for hpa in hpas for c in (hpa.get("status") or {}).get("conditions") or []]
+    metrics = [m for hpa in hpas for m in (hpa.get("status") or {}).get("currentMetrics") or []]
+    status = deployment.get("status") or {}
+    return (f"{name}: {deployment['spec'].get('replicas')} wanted, {status.get('readyReplicas', 0)} ready; "
+            f"metrics {json.dumps(metrics)}; " + "; ".join(conditions))
+
+
+def wait_for_ready_replicas(api, count: int, what: str) -> float:
+    """Seconds until the predictor has `count` replicas wanted and ready; the HPA's words if not."""
+    started = time.monotonic()
+    name = predictor_deployment_name(MODEL)
+
+    def scaled() -> bool:
+        deployment = api.get("apps/v1", "Deployment", name, NAMESPACE)
+        status = deployment.get("status") or {}
+        return deployment["spec"].get("replicas") == count and status.get("readyReplicas", 0) == count
+
+    while not scaled():
+        assert time.monotonic() - started < SCALE_SECONDS, (
+            f"{what}: not {count} replica(s) after {SCALE_SECONDS:g} s: {scaling_state(api)}")
+        time.sleep(POLL_SECONDS)
+    return time.monotonic() - started
+
+
+def test_the_predictor_scales_from_one_replica_to_two_on_requests_in_flight_and_back(
+    cluster, prometheus, tmp_path
+):
+    """The InferenceService the run served, scaled by KEDA (KServe's ScaledObject, KEDA's HPA, the
+    external metric through KEDA's metrics adapter) on the stack's in-flight query, under load sent
+    through the predictor's Service, then after it."""
+    api = cluster.api
+    wait_for_ready_replicas(api, 1, "before the load")
+    service = api.get("v1", "Service", predictor_deployment_name(MODEL), NAMESPACE)
+    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    with HeldLoad(url, holdout_png(tmp_path).read_bytes(), SCALE_CLIENTS) as load:
+        up = wait_for_ready_replicas(api, 2, f"{SCALE_CLIENTS} requests held in flight")
+        say(f"scaled to 2 replicas {up:.0f} s into the load: {scaling_state(api)}")
+    assert not load.errors, load.errors[:3]
+    down = wait_for_ready_replicas(api, 1, "after the load")
+    say(f"back to 1 replica {down:.0f} s after the load ({load.answered} requests answered)")
 
 
 # --- What will never serve: the serve step says so within a minute, in the kubelet's words -------------

@@ -2,6 +2,7 @@
 
     python -m tools.control_plane test [PYTEST ARGS]   # build, then run tests/cluster/ (make test-cluster)
     python -m tools.control_plane e2e [PYTEST ARGS]    # build, then tests/e2e_node/ (make test-e2e)
+    python -m tools.control_plane all                  # build once, then both side by side (make test)
     python -m tools.control_plane up                   # build, start the tier, wait for Ctrl-C
 
 Both run inside a network and mount namespace of their own (util-linux `unshare`; unprivileged users
@@ -16,13 +17,22 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tools.control_plane import build, images, node
 from tools.control_plane.cluster import NAMESPACE_ENV
 
-# Each in a tier of its own: the end-to-end run takes the real node as the cluster's one node.
+# Each in a tier of its own: the end-to-end run takes the real node as the cluster's one node, the
+# others keep KWOK's simulated pods. Only the real node runs the images.
 TESTS = {"test": "tests/cluster", "e2e": "tests/e2e_node"}
+NEEDS_IMAGES = {"e2e", "all"}
 PLUGIN = "tools.control_plane.pytest_plugin"
+LOGS = build.ROOT / ".cache" / "control-plane"  # `all`: each tier's output, printed when both end
+
+
+def log_of(name: str) -> Path:
+    """Where `all` keeps the output of one tier's tests: cluster.log, e2e_node.log."""
+    return LOGS / f"{Path(TESTS[name]).name}.log"
 
 
 def unshare_command() -> list[str]:
@@ -40,13 +50,47 @@ def unshare_command() -> list[str]:
     return command
 
 
-def in_namespaces(*command: str) -> int:
-    """`command` in a new network and mount namespace, after tools.control_plane.inside set them up."""
-    return subprocess.call(
+def in_namespaces(*command: str, output=None) -> subprocess.Popen:
+    """`command` started in a new network and mount namespace, after tools.control_plane.inside set
+    them up."""
+    return subprocess.Popen(
         [*unshare_command(), sys.executable, "-m", "tools.control_plane.inside", *command],
         env={**os.environ, NAMESPACE_ENV: "1"},
         cwd=build.ROOT,
+        stdout=output,
+        stderr=subprocess.STDOUT if output else None,
     )
+
+
+def waited(*runs: subprocess.Popen) -> list[int]:
+    """Their exit statuses; every one killed (and its tier with it: unshare --kill-child) if this
+    process is interrupted while it waits."""
+    try:
+        return [run.wait() for run in runs]
+    except BaseException:
+        for run in runs:
+            run.kill()
+        raise
+
+
+def pytest_command(name: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", TESTS[name], "-p", "no:xdist", "-p", PLUGIN, *args]
+
+
+def side_by_side() -> int:
+    """tests/cluster/ and tests/e2e_node/ at once, each in a tier of its own: most of each one's time
+    is waiting on its controllers and pods, which the other fills. Each one's output is printed whole
+    when both have ended."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for name in TESTS:
+        with log_of(name).open("w") as log:
+            runs.append(in_namespaces(*pytest_command(name), output=log))
+    statuses = dict(zip(TESTS, waited(*runs)))
+    for name in TESTS:
+        print(f"--- python -m tools.control_plane {name} (exit status {statuses[name]}) ---", flush=True)
+        sys.stdout.write(log_of(name).read_text())
+    return 0 if not any(statuses.values()) else 1
 
 
 def unavailable(missing: build.Unavailable) -> int:
@@ -72,22 +116,23 @@ def write_node_images(base: concurrent.futures.Future, programs: list[build.Buil
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in (*TESTS, "up"):
+    if not argv or argv[0] not in (*TESTS, "all", "up") or (argv[0] == "all" and argv[1:]):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     try:
         # The images' builds wait mostly on PyPI and the disk, the Go builds on the cores: side by side.
         node.IMAGES_MANIFEST.unlink(missing_ok=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
-            base = beside.submit(images.build_images)
+            base = beside.submit(images.build_images) if argv[0] in NEEDS_IMAGES else None
             built = build.build_all()
             build.write_manifest(built)
-        write_node_images(base, built)
+        if base is not None:
+            write_node_images(base, built)
+        if argv[0] == "all":
+            return side_by_side()
         if argv[0] in TESTS:
-            return in_namespaces(
-                sys.executable, "-m", "pytest", TESTS[argv[0]], "-p", "no:xdist", "-p", PLUGIN, *argv[1:]
-            )
-        return in_namespaces(sys.executable, "-m", "tools.control_plane.up")
+            return waited(in_namespaces(*pytest_command(argv[0], *argv[1:])))[0]
+        return waited(in_namespaces(sys.executable, "-m", "tools.control_plane.up"))[0]
     except build.Unavailable as missing:
         return unavailable(missing)
     except (build.BuildError, build.components.PinError) as error:

@@ -20,7 +20,7 @@ import yaml
 
 from common.cluster_names import CLUSTER_DOMAIN
 from tools.control_plane.build import Built, program_name
-from tools.control_plane.pki import Pki
+from tools.control_plane.pki import FRONT_PROXY_NAME, Pki
 from tools.control_plane.processes import Program, answers, stop_all
 
 ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380
@@ -163,6 +163,18 @@ class Kubernetes:
                 # The default plugins (NamespaceLifecycle, ServiceAccount, the webhooks, ResourceQuota, ...)
                 # and NodeRestriction, which kubeadm and k3s add.
                 "--enable-admission-plugins=NodeRestriction",
+                # The aggregation layer, as kubeadm configures it: it calls an aggregated API server
+                # (KEDA's metrics adapter) with its front-proxy certificate and the caller's identity
+                # in headers, at the address of the APIService's Service's endpoint (no kube-proxy
+                # needed where the adapter is a process on the tier's bridge).
+                f"--requestheader-client-ca-file={pki.ca.cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_NAME}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.front_proxy.cert}",
+                f"--proxy-client-key-file={pki.front_proxy.key}",
+                "--enable-aggregator-routing=true",
                 "--allow-privileged=true",
                 "--profiling=false",
             ],

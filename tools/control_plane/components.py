@@ -155,7 +155,7 @@ def keda(version: str) -> Component:
         "keda",
         "github.com/kedacore/keda/v2",
         version,
-        (keda_cmd + "operator", keda_cmd + "webhooks"),
+        (keda_cmd + "operator", keda_cmd + "webhooks", keda_cmd + "adapter"),
         "platform.kedaVersion",
     )
 

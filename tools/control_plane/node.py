@@ -313,7 +313,6 @@ class RealNode:
     pki: tier_pki.Pki
     name: str
     labels: dict[str, str]
-    taints: list[dict]
     images: NodeImages  # loaded into containerd at start
     root: Path | None = None  # containerd's: the shared store, or the tier's own
     _lock: object = None  # the shared store's, while this node holds it
@@ -449,7 +448,6 @@ class RealNode:
         )
         node_kubeconfig = self._client("kubelet", f"system:node:{self.name}", "system:nodes")
         labels = ",".join(f"{key}={value}" for key, value in self.labels.items())
-        taints = ",".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in self.taints)
         kubelet_program = self._program(
             "kubelet",
             [
@@ -461,7 +459,6 @@ class RealNode:
                 f"--hostname-override={self.name}",
                 f"--node-ip={BRIDGE_ADDRESS}",
                 *([f"--node-labels={labels}"] if labels else []),
-                *([f"--register-with-taints={taints}"] if taints else []),
             ],
             answers(f"http://127.0.0.1:{KUBELET_HEALTH_PORT}/healthz"),
         )

@@ -166,8 +166,6 @@ def node(name: str, labels: dict[str, str], taints: list[dict], capacity: dict[s
 # The labels k3s gives its nodes (a server's roles too).
 K3S_NODE_LABELS = {"node.kubernetes.io/instance-type": "k3s"}
 K3S_SERVER_ROLES = {"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/master": "true"}
-# The real node (tools/control_plane/node.py) takes only the pods that tolerate this.
-REAL_NODE_TAINT = {"key": "dist-ml.tier/real-node", "value": "true", "effect": "NoSchedule"}
 
 
 def k3d_nodes(cluster_name: str) -> list[dict]:

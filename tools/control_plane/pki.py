@@ -1,7 +1,9 @@
 """The tier's certificates, made when it starts: one CA; the API server's serving certificate; the
-admin's client certificate (group system:masters, as kubeadm's admin.conf); one serving certificate
-for every webhook and gRPC server of the controllers (they answer on 127.0.0.1); and the key that
-signs service-account tokens. Nothing leaves the tier's directory.
+admin's client certificate (group system:masters, as kubeadm's admin.conf); the API server's
+front-proxy client certificate, with which its aggregation layer calls an aggregated API server
+(KEDA's metrics adapter), as kubeadm's front-proxy-client; one serving certificate for every webhook
+and gRPC server of the controllers (they answer on 127.0.0.1); and the key that signs service-account
+tokens. Nothing leaves the tier's directory.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from common.cluster_names import CLUSTER_DOMAIN
 
 VALIDITY = datetime.timedelta(days=2)  # a test session's
+FRONT_PROXY_NAME = "front-proxy-client"  # kubeadm's: the API server's --requestheader-allowed-names
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
+CLIENT = (ExtendedKeyUsageOID.CLIENT_AUTH,)
 # The names a client may use for the API server: from this network namespace and, as a pod, the
 # default namespace's `kubernetes` Service.
 API_SERVER_NAMES = (
@@ -42,6 +46,7 @@ class Pki:
     ca: KeyPair
     api_server: KeyPair
     admin: KeyPair
+    front_proxy: KeyPair  # the aggregation layer's client certificate (FRONT_PROXY_NAME)
     serving: KeyPair  # every controller's webhook and gRPC servers
     service_account_key: Path  # signs tokens (its public half verifies them)
     service_account_public: Path
@@ -80,7 +85,7 @@ def _certificate(
     ca: bool = False,
     dns: tuple[str, ...] = (),
     ips: tuple = (),
-    client: bool = False,
+    usages: tuple = (ExtendedKeyUsageOID.SERVER_AUTH,),
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (
@@ -109,8 +114,7 @@ def _certificate(
             critical=True,
         )
     else:
-        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
     if dns or ips:
         names = [x509.DNSName(name) for name in dns] + [x509.IPAddress(ip) for ip in ips]
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
@@ -144,7 +148,8 @@ def make(directory: Path, api_server_addresses: tuple[str, ...] = ()) -> Pki:
         dns=API_SERVER_NAMES,
         ips=(LOOPBACK, *(ipaddress.ip_address(address) for address in api_server_addresses)),
     )
-    admin = _issue(directory, "admin", ca_key, ca_name, _name("tier-admin", "system:masters"), client=True)
+    admin = _issue(directory, "admin", ca_key, ca_name, _name("tier-admin", "system:masters"), usages=CLIENT)
+    front_proxy = _issue(directory, FRONT_PROXY_NAME, ca_key, ca_name, _name(FRONT_PROXY_NAME), usages=CLIENT)
     serving = _issue(
         directory, "serving", ca_key, ca_name, _name("controllers"), dns=("localhost",), ips=(LOOPBACK,)
     )
@@ -158,7 +163,7 @@ def make(directory: Path, api_server_addresses: tuple[str, ...] = ()) -> Pki:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
-    return Pki(ca, api_server, admin, serving, service_account_key, service_account_public)
+    return Pki(ca, api_server, admin, front_proxy, serving, service_account_key, service_account_public)
 
 
 def _ca(pki: Pki):
@@ -170,12 +175,17 @@ def issue_client(pki: Pki, directory: Path, name: str, common_name: str, organiz
     """A client certificate of the tier's CA: user `common_name`, group `organization`."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_name = _ca(pki)
-    return _issue(directory, name, ca_key, ca_name, _name(common_name, organization), client=True)
+    return _issue(directory, name, ca_key, ca_name, _name(common_name, organization), usages=CLIENT)
 
 
-def issue_serving(pki: Pki, directory: Path, name: str, addresses: tuple[str, ...]) -> KeyPair:
-    """A serving certificate of the tier's CA for `addresses` (the kubelet's, which the API server calls)."""
+def issue_serving(
+    pki: Pki, directory: Path, name: str, addresses: tuple[str, ...], dns: tuple[str, ...] = (),
+    client: bool = False,
+) -> KeyPair:
+    """A serving certificate of the tier's CA for `addresses` and `dns` names (the kubelet's, which the
+    API server calls; an aggregated API server's, by its Service's name), a client's too if `client`."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_name = _ca(pki)
     ips = tuple(ipaddress.ip_address(address) for address in addresses)
-    return _issue(directory, name, ca_key, ca_name, _name(name), ips=ips)
+    usages = (ExtendedKeyUsageOID.SERVER_AUTH, *CLIENT) if client else (ExtendedKeyUsageOID.SERVER_AUTH,)
+    return _issue(directory, name, ca_key, ca_name, _name(name), ips=ips, dns=dns, usages=usages)

@@ -1,6 +1,7 @@
-"""The control-plane tier's pytest plugin (`python -m tools.control_plane test` loads it for
-tests/cluster/): one tier for the session (the real API server and the upstream controllers the stacks
-install), the local stack's objects applied to it, and the workflow's identity.
+"""The control-plane tier's pytest plugin (`python -m tools.control_plane test` and `e2e` load it for
+tests/cluster/ and tests/e2e_node/): one tier for the session (the real API server and the upstream
+controllers the stacks install), the local stack's objects applied to it, the workflow's identity,
+and the real node.
 
 Those tests run only in the tier's own network namespace: `make test-cluster`, or
 `python -m tools.control_plane test -k NAME` for one of them (tests/conftest.py leaves tests/cluster/
@@ -58,23 +59,16 @@ def tier(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, 
         started.stop()
 
 
-def start_real_node(tier: Tier, schedulable: bool = False) -> RealNode:
+def start_real_node(tier: Tier) -> RealNode:
     """The tier's real node with the images tools.control_plane.images built; a skip (a failure under
     CI=true) saying what is missing when it cannot start here."""
     built = node.read_images()
     if built is None:
         unavailable("the node's images are not built: python -m tools.control_plane.images")
     try:
-        return tier.start_real_node(built, schedulable)
+        return tier.start_real_node(built)
     except build.Unavailable as missing:
         unavailable(str(missing))
-
-
-@pytest.fixture(scope="session")
-def real_node(tier: Tier) -> RealNode:
-    """The real node (containerd, runc, the kubelet, kube-proxy, CoreDNS), started the first time a
-    test asks for it, with the images tools.control_plane.images built loaded into its runtime."""
-    return start_real_node(tier)
 
 
 @pytest.fixture(scope="session")

@@ -29,14 +29,16 @@ UNSERVED_KINDS = {
 }
 
 
-def local_stack(pipeline: dict | None = None) -> tuple[render.Rendered, str]:
-    """Pulumi.local.yaml rendered (its pipeline section updated with `pipeline`, as a user edits it),
-    and its k3d cluster's name (whose node the tier simulates)."""
+def local_stack(**sections: dict) -> tuple[render.Rendered, str]:
+    """Pulumi.local.yaml rendered (each of its sections named in `sections`, `pipeline=...`,
+    `serving=...`, updated with the keys given, as a user edits it), and its k3d cluster's name (whose
+    node the tier simulates)."""
     from stacks.config import from_pulumi_values, parse_stack_config
 
     values = render.pulumi_values(ROOT / "Pulumi.local.yaml")
-    if pipeline:
-        values["dist-ml:pipeline"] = json.dumps({**json.loads(values["dist-ml:pipeline"]), **pipeline})
+    for section, changes in sections.items():
+        key = f"dist-ml:{section}"
+        values[key] = json.dumps({**json.loads(values[key]), **changes})
     return render.render("local", values), parse_stack_config(from_pulumi_values(values)).cluster.name
 
 

@@ -19,7 +19,7 @@ from testdata import fixtures
 from testdata.pins import CRD_PINS
 from tools.control_plane import nodes, pki, upstream
 from tools.control_plane.build import Built
-from tools.control_plane.cluster import API_SERVER_ADDRESSES, Binaries, Kubernetes, kubeconfig
+from tools.control_plane.cluster import API_SERVER_ADDRESSES, BRIDGE_ADDRESS, Binaries, Kubernetes, kubeconfig
 from tools.control_plane.kube import Api
 from tools.control_plane.node import NodeImages, RealNode
 from tools.control_plane.processes import Program, answers, stop_all
@@ -102,7 +102,7 @@ class Tier:
             upstream.jobset(context),
             upstream.trainer(context),
             upstream.kueue(context),
-            upstream.keda(context),
+            upstream.keda(context, BRIDGE_ADDRESS),
             upstream.kserve(context),
         ):
             install.add(part)
@@ -126,7 +126,8 @@ class Tier:
         ]
         self.programs.extend(started)
         for program, controller in zip(started, install.controllers):
-            program.wait_until(answers(controller.ready_url), "ready", CONTROLLER_START_SECONDS)
+            tls = self.kubernetes.tls() if controller.ready_url.startswith("https:") else None
+            program.wait_until(answers(controller.ready_url, tls), "ready", CONTROLLER_START_SECONDS)
         api.apply_all(install.webhooks)
         api.apply_all(install.after)
         self._announce(binaries)
@@ -175,21 +176,17 @@ class Tier:
                 f"{component.pinned_by}{note})"
             )
 
-    def start_real_node(self, images: NodeImages, schedulable: bool = False) -> RealNode:
-        """The real node beside the simulated one (tools/control_plane/node.py), k3d's first agent as
-        k3d names it, and the local-path provisioner k3s runs, whose helper pods need a node that runs
-        them. Unless `schedulable` (the end-to-end run: the simulated node cordoned, so that every pod
-        lands here), it is tainted so that only the pods meant for it (tests that tolerate
-        REAL_NODE_TAINT) run there and the others keep KWOK's simulated lifecycle."""
-        if schedulable:
-            self.api.patch("v1", "Node", self.node_name, {"spec": {"unschedulable": True}})
+    def start_real_node(self, images: NodeImages) -> RealNode:
+        """The real node (tools/control_plane/node.py), k3d's first agent as k3d names it, as the
+        cluster's one schedulable node (the simulated one cordoned, so that every pod lands here), and
+        the local-path provisioner k3s runs, whose helper pods need a node that runs them."""
+        self.api.patch("v1", "Node", self.node_name, {"spec": {"unschedulable": True}})
         self.real_node = RealNode(
             self.directory / "node",
             Binaries.of(self.built),
             self.kubernetes.pki,
             nodes.k3d_agent_name(self.cluster_name),
             nodes.K3S_NODE_LABELS,
-            [] if schedulable else [nodes.REAL_NODE_TAINT],
             images,
             say=self.say,
         )

@@ -32,7 +32,7 @@ from infra.keda import NAMESPACE as KEDA_NAMESPACE
 from infra.platform import KSERVE_NAMESPACE
 from pipeline.argo import ARGO_NAMESPACE
 from tools.control_plane.build import Built
-from tools.control_plane.pki import Pki
+from tools.control_plane.pki import Pki, issue_serving
 
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
@@ -52,6 +52,7 @@ PORTS = {
     "kserve": Ports(9444, 8094),
     "keda-webhooks": Ports(9445, 8095),
     "keda-operator": Ports(0, 8096),
+    "keda-adapter": Ports(9446, 8097),  # its aggregated API (its Service's endpoint), its /metrics
 }
 ARGO_HEALTH_PORT = 6060  # fixed in the workflow controller
 KEDA_GRPC_PORT = 9666
@@ -159,7 +160,7 @@ class Controller:
     component: str
     args: list[str]
     env: dict[str, str]
-    ready_url: str  # its health endpoint's readiness check (plain HTTP on 127.0.0.1)
+    ready_url: str  # its readiness check on 127.0.0.1 (plain HTTP, or HTTPS with the tier's CA)
 
 
 @dataclasses.dataclass
@@ -320,11 +321,43 @@ def kueue(ctx: Context) -> Install:
     )
 
 
-def keda(ctx: Context) -> Install:
+def metrics_adapter_objects(objects: list[dict], address: str, port: int, ca: bytes) -> list[dict]:
+    """KEDA's config/metrics-server without its Deployment: the RBAC (the HPA controller may read
+    external metrics), the APIService with the tier's CA, and its Service without a selector, whose
+    Endpoints is the adapter's process at `address`:`port`."""
+    kept = []
+    for obj in copy.deepcopy(objects):
+        if obj["kind"] == "Deployment":
+            continue
+        if obj["kind"] == "APIService":
+            obj["spec"]["caBundle"] = base64.b64encode(ca).decode()
+        if obj["kind"] == "Service":
+            obj["spec"].pop("selector")
+            obj["spec"]["ports"] = [{**served, "targetPort": port} for served in obj["spec"]["ports"]
+                                    if served["name"] == "https"]
+            kept.append({"apiVersion": "v1", "kind": "Endpoints", "metadata": dict(obj["metadata"]),
+                         "subsets": [{"addresses": [{"ip": address}],
+                                      "ports": [{"name": "https", "port": port}]}]})
+        kept.append(obj)
+    return kept
+
+
+def keda(ctx: Context, adapter_address: str) -> Install:
+    """KEDA's operator, its admission webhooks and its metrics adapter (the external metrics API the
+    HPA controller reads, served through the API server's aggregation layer from `adapter_address`)."""
     module = ctx.module("keda") / "config"
     kubectl = ctx.programs("kubectl")
-    operator, webhooks = PORTS["keda-operator"], PORTS["keda-webhooks"]
+    operator, webhooks, adapter = PORTS["keda-operator"], PORTS["keda-webhooks"], PORTS["keda-adapter"]
     certs = serving_cert_dir(ctx.work / "keda-certs", ctx.pki, with_ca=True)
+    metrics_server = kustomize(kubectl, module / "metrics-server")
+    (service,) = of_kind(metrics_server, "Service")
+    service_name = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    # The adapter serves the aggregation layer (which checks the Service's name) and is a gRPC client
+    # of the operator (which asks for a client certificate of the CA in its ca.crt): one certificate.
+    adapter_certs = ctx.work / "keda-adapter-certs"  # its --cert-dir: the gRPC client's ca.crt, tls.*
+    adapter_pair = issue_serving(ctx.pki, adapter_certs, "tls", ("127.0.0.1", adapter_address),
+                                 dns=(service_name, "localhost"), client=True)
+    (adapter_certs / "ca.crt").write_bytes(ctx.pki.ca_pem)
     env = {
         "WATCH_NAMESPACE": "",
         "POD_NAMESPACE": KEDA_NAMESPACE,
@@ -365,7 +398,27 @@ def keda(ctx: Context) -> Install:
                 env,
                 ctx.health("keda-webhooks"),
             ),
+            # Outside a pod, each of its clients needs the kubeconfig named (v2.18.0 cmd/adapter/main.go).
+            Controller(
+                "adapter",
+                "keda",
+                [
+                    *(f"--{client}kubeconfig={ctx.admin_kubeconfig}"
+                      for client in ("", "lister-", "authentication-", "authorization-")),
+                    f"--cert-dir={adapter_certs}",
+                    f"--tls-cert-file={adapter_pair.cert}",
+                    f"--tls-private-key-file={adapter_pair.key}",
+                    f"--secure-port={adapter.webhook}",
+                    f"--port={adapter.health}",
+                    f"--metrics-service-address=127.0.0.1:{KEDA_GRPC_PORT}",
+                ],
+                env,
+                f"https://127.0.0.1:{adapter.webhook}/readyz",
+            ),
         ],
+        before=of_kind(metrics_server, *RBAC_KINDS),
+        after=metrics_adapter_objects(of_kind(metrics_server, "APIService", "Service"), adapter_address,
+                                      adapter.webhook, ctx.pki.ca_pem),
     )
 
 

@@ -1,5 +1,6 @@
 """The real node: pods that run in containerd with runc on the tier's bridge, their names resolved by
-CoreDNS, their Services reached through kube-proxy, and the kubelet's own refusals and kills."""
+CoreDNS, their Services reached through kube-proxy, the kubelet's own refusals and kills, and each of
+the project's images run as its own user."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from engines.base import condition
 from infra.images import BASE_IMAGES, image_ref
 from tools.control_plane import images
 from tools.control_plane.node import NEVER_STARTS
-from tools.control_plane.nodes import REAL_NODE_TAINT
 
 NAMESPACE = "real-node"
 RUN_SECONDS = 90.0
@@ -21,9 +21,11 @@ HTTP_PORT = 8080
 
 
 @pytest.fixture(scope="module")
-def on_node(tier, real_node):
-    tier.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    return real_node
+def on_node(cluster):
+    """The e2e's real node, with a namespace of these tests' own (no Pod Security labels: the helper
+    image runs as root)."""
+    cluster.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    return cluster.real_node
 
 
 def helper_pod(real_node, name: str, script: str, **container: object) -> dict:
@@ -34,7 +36,6 @@ def helper_pod(real_node, name: str, script: str, **container: object) -> dict:
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name}},
         "spec": {
             "nodeName": real_node.name,
-            "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
             "containers": [
