@@ -115,7 +115,7 @@ test-cluster: $(INSTALLED)
 	$(PY) -m tools.control_plane test $(TIER_ARGS)
 
 # The whole workflow end to end on the tier's real node (tests/e2e_node/), in a tier of its own: every
-# pod run for real from the images built from our Dockerfiles: about 8 minutes warm (docs/results).
+# pod run for real from the images built from our Dockerfiles: about 8 minutes warm alone (docs/results).
 E2E_ARGS ?=
 .PHONY: test-e2e
 test-e2e: $(INSTALLED)
