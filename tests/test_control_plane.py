@@ -163,6 +163,29 @@ def test_no_two_programs_of_the_tier_are_given_one_port():
     assert len(ports) == len(set(ports)), sorted(ports)
 
 
+def test_the_aggregation_layer_reaches_kedas_adapter_process_through_its_service_without_a_selector():
+    """KEDA's APIService and Service as config/metrics-server (v2.18.0) has them: the aggregation layer
+    checks the adapter's certificate with the tier's CA and routes to the Service's endpoint, the
+    process on the tier's bridge (no pod for the selector to find)."""
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "keda-metrics-apiserver", "namespace": "keda"},
+               "spec": {"selector": {"app": "keda-metrics-apiserver"}, "ports": [
+                   {"name": "https", "port": 443, "targetPort": 6443},
+                   {"name": "metrics", "port": 8080, "targetPort": 8080}]}}
+    api_service = {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+                   "metadata": {"name": "v1beta1.external.metrics.k8s.io"},
+                   "spec": {"service": {"name": "keda-metrics-apiserver", "namespace": "keda"}}}
+    routed = upstream.metrics_adapter_objects([api_service, service], "10.244.0.1", 9446, b"the tier's CA")
+    by_kind = {obj["kind"]: obj for obj in routed}
+    assert base64.b64decode(by_kind["APIService"]["spec"]["caBundle"]) == b"the tier's CA"
+    assert "selector" not in by_kind["Service"]["spec"]
+    assert by_kind["Service"]["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": 9446}]
+    assert by_kind["Endpoints"]["metadata"] == service["metadata"]
+    assert by_kind["Endpoints"]["subsets"] == [
+        {"addresses": [{"ip": "10.244.0.1"}], "ports": [{"name": "https", "port": 9446}]}]
+    assert "selector" in service["spec"]  # upstream's objects left as they were
+
+
 def test_the_tier_will_not_bind_its_fixed_ports_outside_its_own_namespace(tmp_path, monkeypatch):
     monkeypatch.delenv("DIST_ML_CONTROL_PLANE_NAMESPACE", raising=False)
     with pytest.raises(NotIsolated, match="python -m tools.control_plane test"):

@@ -322,13 +322,11 @@ def kueue(ctx: Context) -> Install:
 
 
 def metrics_adapter_objects(objects: list[dict], address: str, port: int, ca: bytes) -> list[dict]:
-    """KEDA's config/metrics-server without its Deployment: the RBAC (the HPA controller may read
-    external metrics), the APIService with the tier's CA, and its Service without a selector, whose
-    Endpoints is the adapter's process at `address`:`port`."""
+    """KEDA's APIService and its Service (config/metrics-server), as the adapter's process at
+    `address`:`port` serves them: the APIService with the tier's CA, the Service without a selector
+    and its Endpoints the process."""
     kept = []
     for obj in copy.deepcopy(objects):
-        if obj["kind"] == "Deployment":
-            continue
         if obj["kind"] == "APIService":
             obj["spec"]["caBundle"] = base64.b64encode(ca).decode()
         if obj["kind"] == "Service":
