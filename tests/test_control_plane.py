@@ -186,6 +186,26 @@ def test_the_aggregation_layer_reaches_kedas_adapter_process_through_its_service
     assert "selector" in service["spec"]  # upstream's objects left as they were
 
 
+@pytest.mark.parametrize("name, ci, substituted", [
+    ("kueue", "true", False),  # not declared: CI fails, naming it
+    ("kueue", "", True),  # a developer's tier runs, its log saying so
+    ("argo", "true", True),  # declared in components.SUBSTITUTES, with why
+])
+def test_a_component_the_proxy_does_not_serve_at_its_pin_is_substituted_only_where_declared(
+    monkeypatch, name, ci, substituted
+):
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(build, "served_version", lambda module, pinned: "v1.0.0")
+    component = components.Component(name, f"example.com/{name}", "v1.1.0", (), "platform.someVersion")
+    if substituted:
+        assert build.version_to_build(component, "v1.1.0") == "v1.0.0"
+    else:
+        expected = rf"^{name}: the module proxy serves no example.com/{name}@v1.1.0 \(platform.someVersion's"
+        with pytest.raises(build.BuildError, match=expected):
+            build.version_to_build(component, "v1.1.0")
+    assert set(components.SUBSTITUTES) == {"argo"}
+
+
 def test_the_tier_will_not_bind_its_fixed_ports_outside_its_own_namespace(tmp_path, monkeypatch):
     monkeypatch.delenv("DIST_ML_CONTROL_PLANE_NAMESPACE", raising=False)
     with pytest.raises(NotIsolated, match="python -m tools.control_plane test"):

@@ -68,10 +68,8 @@ class Built:
     def note(self) -> str:
         if self.version == self.pinned:
             return ""
-        return (
-            f"the stacks install {self.pinned}; the module proxy serves no {self.pinned}, so the tier "
-            f"runs {self.version}, the newest release before it that it serves"
-        )
+        why = components.SUBSTITUTES.get(self.name, f"the module proxy serves no {self.pinned}")
+        return f"the stacks install {self.pinned}; {why}: the tier runs {self.version}"
 
 
 def go_env() -> dict[str, str]:
@@ -128,6 +126,20 @@ def served_version(module: str, pinned: str) -> str:
             f"major version (it lists {' '.join(listed) or 'none'})"
         )
     return max(older, key=semver)
+
+
+def version_to_build(component: Component, pinned: str) -> str:
+    """The version of `component` the tier builds: `pinned`, or where the proxy does not serve it the
+    newest one before it, if components.SUBSTITUTES declares the component, or outside CI (said in the
+    tier's log); under CI=true an error naming it."""
+    version = served_version(component.module, pinned)
+    if version != pinned and component.name not in components.SUBSTITUTES and in_ci():
+        raise BuildError(
+            f"{component.name}: the module proxy serves no {component.module}@{pinned} ({component.pinned_by}"
+            f"'s version); under CI=true the tier runs no other version ({version} is the newest it serves "
+            "before it) unless tools/control_plane/components.py SUBSTITUTES declares the component, with why"
+        )
+    return version
 
 
 def semver(version: str) -> tuple[int, ...]:
@@ -274,8 +286,7 @@ def build_all(say=print) -> list[Built]:
     built: list[Built] = []
 
     def add(make, pinned: str) -> None:
-        component = make(pinned)
-        version = served_version(component.module, pinned)
+        version = version_to_build(make(pinned), pinned)
         built.append(build_component(make(version), pinned, say))
 
     add(components.kubernetes, pins.kubernetes)
