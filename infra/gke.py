@@ -1,5 +1,21 @@
 """A GKE cluster with Workload Identity, its node pools managed separately, the nodes' own service
-account, and a provider for it."""
+account, and a provider for it.
+
+Closed, as Google's own GKE base platform runs it (GoogleCloudPlatform/accelerated-platforms,
+platforms/gke/base/core/container_cluster/container_cluster.tf):
+- private nodes, on the cluster and every pool (no external address; egress through the network's
+  Cloud NAT: infra/network.py);
+- the control plane reached through its DNS-based endpoint, which checks the caller's IAM identity
+  (`container.clusters.connect`) before Kubernetes' RBAC, from any network that reaches Google's APIs
+  (kubernetes-engine/docs/concepts/network-isolation; `gcloud container clusters get-credentials
+  --dns-endpoint`): a laptop and a GitHub runner deploy without a VPN. Its IP endpoint is private,
+  unless `cluster.authorizedNetworks` names the ranges that may reach its public one;
+- Dataplane V2 (`ADVANCED_DATAPATH`), which enforces every NetworkPolicy the stacks declare
+  (kubernetes-engine/docs/concepts/dataplane-v2: "Kubernetes NetworkPolicy is always on");
+- shielded nodes with secure boot and integrity monitoring
+  (kubernetes-engine/docs/how-to/shielded-gke-nodes).
+Each field as pulumi-gcp 10.2.0's container.Cluster and container.NodePool take it.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +50,8 @@ NODE_ACCOUNT_SUFFIX = "-nodes"  # the nodes' service account is <cluster name>-n
 # It needs a VPC-native cluster and the HttpLoadBalancing add-on (on by default; said here).
 GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
 VPC_NATIVE = "VPC_NATIVE"
+DATAPLANE_V2 = "ADVANCED_DATAPATH"  # the REST API's DatapathProvider for Dataplane V2
+SHIELDED_INSTANCE = {"enable_secure_boot": True, "enable_integrity_monitoring": True}
 
 
 # Memory per vCPU (GiB: Compute Engine's GB is 2**30 bytes) of the predefined machine types
@@ -126,17 +144,38 @@ class GkeClusterArgs:
     node_pools: dict[str, NodePoolArgs]  # pool name -> settings; "cpu" always present
     image_repository: gcp.artifactregistry.Repository  # where the nodes pull the pods' images from
     network: GkeNetwork  # the VPC and the nodes' subnet, with the pods' and Services' ranges
+    authorized_networks: tuple[str, ...] = ()  # who may reach the public IP endpoint; none: it is private
 
 
-def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
-    """A kubeconfig that authenticates with gke-gcloud-auth-plugin (no static credentials)."""
+def control_plane_access(authorized_networks: tuple[str, ...]) -> dict:
+    """The cluster's control-plane endpoints: the DNS-based one open to IAM-authorized callers from
+    anywhere; the IP-based one for the nodes, private unless `authorized_networks` may reach its public
+    address (Google's own public ranges never)."""
+    return {
+        "control_plane_endpoints_config": {
+            "dns_endpoint_config": {"allow_external_traffic": True},
+            "ip_endpoints_config": {"enabled": True},
+        },
+        "private_cluster_config": {"enable_private_nodes": True,
+                                   "enable_private_endpoint": not authorized_networks},
+        "master_authorized_networks_config": {
+            "cidr_blocks": [{"cidr_block": block, "display_name": f"authorized {block}"}
+                            for block in authorized_networks],
+            "gcp_public_cidrs_access_enabled": False,
+        },
+    }
+
+
+def kubeconfig(name: str, dns_endpoint: str) -> str:
+    """A kubeconfig for the cluster's DNS-based endpoint (its certificate is publicly trusted, so no CA
+    is given), authenticating with gke-gcloud-auth-plugin: no static credentials, what
+    `gcloud container clusters get-credentials --dns-endpoint` writes."""
     return f"""apiVersion: v1
 kind: Config
 clusters:
 - name: {name}
   cluster:
-    server: https://{endpoint}
-    certificate-authority-data: {ca_certificate}
+    server: https://{dns_endpoint}
 contexts:
 - name: {name}
   context:
@@ -181,7 +220,11 @@ class GkeCluster(pulumi.ComponentResource):
             networking_mode=VPC_NATIVE,
             ip_allocation_policy={"cluster_secondary_range_name": PODS_RANGE_NAME,
                                   "services_secondary_range_name": SERVICES_RANGE_NAME},
-            opts=child,
+            datapath_provider=DATAPLANE_V2,
+            enable_shielded_nodes=True,
+            **control_plane_access(args.authorized_networks),
+            # Private nodes pull what is outside Google through the network's NAT, from their start.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[args.network.nat]),
         )
         node_account, node_grants = self._node_service_account(name, args, child)
         self.node_pools = [
@@ -192,6 +235,7 @@ class GkeCluster(pulumi.ComponentResource):
                 location=args.location,
                 autoscaling={"total_min_node_count": pool.min_nodes, "total_max_node_count": pool.max_nodes},
                 management={"auto_repair": True, "auto_upgrade": True},
+                network_config={"enable_private_nodes": True},
                 node_config={
                     "machine_type": pool.machine_type,
                     "spot": pool.spot,
@@ -203,6 +247,7 @@ class GkeCluster(pulumi.ComponentResource):
                     "labels": node_selector(pool_name),
                     "taints": pool.taints,
                     "guest_accelerators": pool.guest_accelerators(),
+                    "shielded_instance_config": SHIELDED_INSTANCE,
                 },
                 # Nodes without their grants would start unable to pull images or write logs.
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_grants),
@@ -212,12 +257,13 @@ class GkeCluster(pulumi.ComponentResource):
         # The identity pool of Workload Identity exists once the cluster that enables it does: bindings
         # to its members that take the pool from here wait for the cluster.
         self.workload_pool: pulumi.Output[str] = cluster.workload_identity_config.workload_pool
-        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
-            cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate,
-        ).apply(lambda values: kubeconfig(*values)))
+        dns_endpoint = cluster.control_plane_endpoints_config.apply(
+            lambda endpoints: endpoints.dns_endpoint_config.endpoint)
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(cluster.name, dns_endpoint).apply(
+            lambda values: kubeconfig(*values)))
         self.provider = k8s.Provider(f"{name}-provider", kubeconfig=self.kubeconfig,
                                      opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_pools))
-        self.register_outputs({"kubeconfig": self.kubeconfig, "endpoint": cluster.endpoint,
+        self.register_outputs({"kubeconfig": self.kubeconfig, "endpoint": dns_endpoint,
                                "nodeServiceAccount": node_account.email})
 
     def _node_service_account(self, name: str, args: GkeClusterArgs, child: pulumi.ResourceOptions,

@@ -12,6 +12,12 @@ deploying-gateways and configure-gateway-resources). The proxy-only subnet is pu
 REGIONAL_MANAGED_PROXY, role ACTIVE, at least a /26, in the load balancer's region and network
 (load-balancing/docs/proxy-only-subnets). GKE creates the firewall rules its cluster, its Gateways
 and their health checks need (kubernetes-engine/docs/concepts/firewall-rules).
+
+The nodes are private (no external address: infra/gke.py), so their way out is Cloud NAT on a Cloud
+Router, for the nodes' subnet with its pods' range (images pulled from registries outside Google: the
+upstream controllers'); Google's APIs stay on Private Google Access (nat/docs/overview; kubernetes-
+engine/docs/how-to/latest/network-isolation). NAT answers only connections the nodes open: nothing
+outside reaches in.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ SERVICES_RANGE = "10.8.0.0/20"
 PROXY_ONLY_RANGE = "10.9.0.0/23"  # Google recommends a /23; /26 is the least it takes
 PODS_RANGE_NAME, SERVICES_RANGE_NAME = "pods", "services"
 PROXY_ONLY_PURPOSE, PROXY_ONLY_ROLE = "REGIONAL_MANAGED_PROXY", "ACTIVE"
+# Cloud NAT: addresses Google allocates as the nodes need them, for every range of the nodes' subnet
+# (the nodes' and the pods'), and a log of the translations that fail.
+NAT_IP_ALLOCATION = "AUTO_ONLY"
+NAT_SOURCE = "LIST_OF_SUBNETWORKS"
+NAT_SUBNET_RANGES = ["ALL_IP_RANGES"]
+NAT_LOG = {"enable": True, "filter": "ERRORS_ONLY"}
 # Private services access: Google's services network (the tracking server's Cloud SQL instance) peers
 # here; Google recommends a /16 (cloud.google.com/sql/docs/postgres/private-ip, allocated range size).
 SERVICES_PEERING_ADDRESS, SERVICES_PEERING_PREFIX = "10.16.0.0", 16
@@ -53,6 +65,7 @@ class GkeNetwork(pulumi.ComponentResource):
     network: gcp.compute.Network
     nodes: gcp.compute.Subnetwork
     proxy_only: gcp.compute.Subnetwork | None
+    nat: gcp.compute.RouterNat
 
     def __init__(self, name: str, args: GkeNetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:GkeNetwork", name, None, opts)
@@ -71,4 +84,13 @@ class GkeNetwork(pulumi.ComponentResource):
             f"{name}-proxy-only", project=args.project, name=f"{args.name}-proxy-only", region=args.region,
             network=self.network.id, ip_cidr_range=PROXY_ONLY_RANGE, purpose=PROXY_ONLY_PURPOSE,
             role=PROXY_ONLY_ROLE, opts=child) if args.proxy_only_subnet else None
-        self.register_outputs({"network": self.network.name, "nodes": self.nodes.name})
+        router = gcp.compute.Router(
+            f"{name}-router", project=args.project, name=f"{args.name}-router", region=args.region,
+            network=self.network.id, opts=child)
+        self.nat = gcp.compute.RouterNat(
+            f"{name}-nat", project=args.project, name=f"{args.name}-nat", region=args.region,
+            router=router.name, nat_ip_allocate_option=NAT_IP_ALLOCATION,
+            source_subnetwork_ip_ranges_to_nat=NAT_SOURCE,
+            subnetworks=[{"name": self.nodes.id, "source_ip_ranges_to_nats": NAT_SUBNET_RANGES}],
+            log_config=NAT_LOG, opts=child)
+        self.register_outputs({"network": self.network.name, "nodes": self.nodes.name, "nat": self.nat.name})

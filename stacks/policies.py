@@ -186,7 +186,43 @@ def private_databases(resources: Sequence) -> list[str]:
     return violations
 
 
-CLOUD_POLICIES = (private_buckets, no_service_account_keys, private_databases)
+GKE_CLUSTER = "gcp:container/cluster:Cluster"
+GKE_NODE_POOL = "gcp:container/nodePool:NodePool"
+OPEN_RANGES = ("0.0.0.0/0", "::/0")
+NETWORK_POLICY_DATAPATH = "ADVANCED_DATAPATH"  # Dataplane V2 enforces NetworkPolicy always
+
+
+def closed_clusters(resources: Sequence) -> list[str]:
+    """Every GKE cluster: private nodes (on the cluster and each pool), a public IP endpoint (if any)
+    limited to named ranges, never everyone, and NetworkPolicy enforced (Dataplane V2, or the Calico
+    network policy add-on): a policy declared but not enforced reads as protection."""
+    violations = []
+    for cluster in (r for r in resources if r.type == GKE_CLUSTER):
+        inputs = cluster.inputs
+        private = inputs.get("privateClusterConfig") or {}
+        if private.get("enablePrivateNodes") is not True:
+            violations.append(f"GKE cluster {cluster.name}: its nodes have public addresses "
+                              "(privateClusterConfig.enablePrivateNodes is not true)")
+        if private.get("enablePrivateEndpoint") is not True:
+            authorized = inputs.get("masterAuthorizedNetworksConfig")
+            blocks = [block.get("cidrBlock") for block in (authorized or {}).get("cidrBlocks") or []]
+            if authorized is None or not blocks or any(block in OPEN_RANGES for block in blocks) \
+                    or authorized.get("gcpPublicCidrsAccessEnabled") is not False:
+                violations.append(f"GKE cluster {cluster.name}: its public endpoint is open to everyone "
+                                  f"(authorized networks: {', '.join(blocks) or 'none'}); name the ranges "
+                                  "that may reach it, or make it private and use the DNS-based endpoint")
+        enforced = inputs.get("datapathProvider") == NETWORK_POLICY_DATAPATH or (
+            (inputs.get("networkPolicy") or {}).get("enabled") is True)
+        if not enforced:
+            violations.append(f"GKE cluster {cluster.name}: NetworkPolicy is not enforced (no Dataplane V2, "
+                              f"datapathProvider {NETWORK_POLICY_DATAPATH}, nor the network policy add-on)")
+    for pool in (r for r in resources if r.type == GKE_NODE_POOL):
+        if (pool.inputs.get("networkConfig") or {}).get("enablePrivateNodes") is False:
+            violations.append(f"GKE node pool {pool.name}: its nodes have public addresses")
+    return violations
+
+
+CLOUD_POLICIES = (private_buckets, no_service_account_keys, private_databases, closed_clusters)
 
 
 def cloud_violations(resources: Sequence) -> list[str]:

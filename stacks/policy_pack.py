@@ -36,6 +36,8 @@ POLICIES: dict[str, tuple[str, Check]] = {
                                 policies.no_service_account_keys),
     "private-databases": ("Cloud SQL without a public address, through the Auth Proxy, with IAM database "
                           "users only (no password)", policies.private_databases),
+    "closed-clusters": ("GKE clusters with private nodes, a public endpoint (if any) open to named ranges "
+                        "only, and NetworkPolicy enforced", policies.closed_clusters),
     "public-endpoints": ("a public Gateway serves HTTPS only (plain HTTP only redirects) and every backend "
                          "behind it has an access control (a Cloud Armor allowlist denying the rest, or IAP)",
                          lambda resources: policies.public_endpoints(kubernetes_objects(resources),

@@ -79,7 +79,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
             email = f"{args.inputs['accountId']}@{args.inputs.get('project')}.iam.gserviceaccount.com"
             state.update(email=email, name=f"projects/{args.inputs.get('project')}/serviceAccounts/{email}")
         elif args.typ == "gcp:container/cluster:Cluster":
-            state.update(endpoint="203.0.113.10", masterAuth={"clusterCaCertificate": "RkFLRS1DQQ=="})
+            endpoints = args.inputs.get("controlPlaneEndpointsConfig") or {}
+            dns = {**endpoints.get("dnsEndpointConfig", {}),
+                   "endpoint": "gke-0a1b2c3d4e5f-4821.us-central1.gke.goog"}
+            state.update(endpoint="10.0.0.2", masterAuth={"clusterCaCertificate": "RkFLRS1DQQ=="},
+                         controlPlaneEndpointsConfig={**endpoints, "dnsEndpointConfig": dns})
         elif args.typ == "gcp:compute/globalAddress:GlobalAddress":
             state["address"] = "203.0.113.20"
         elif args.typ == "gcp:certificatemanager/dnsAuthorization:DnsAuthorization":

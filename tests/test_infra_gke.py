@@ -87,6 +87,41 @@ def test_every_component_is_declared(gke_stack):
     assert "command: gke-gcloud-auth-plugin" in kubeconfig
 
 
+def test_the_cluster_is_closed_private_nodes_a_dns_endpoint_dataplane_v2_and_shielded_nodes(gke_stack):
+    (cluster,) = gke_stack.of_type(policies.GKE_CLUSTER)
+    inputs = cluster.inputs
+    assert inputs["privateClusterConfig"] == {"enablePrivateNodes": True, "enablePrivateEndpoint": True}
+    assert inputs["controlPlaneEndpointsConfig"] == {"dnsEndpointConfig": {"allowExternalTraffic": True},
+                                                     "ipEndpointsConfig": {"enabled": True}}
+    assert inputs["datapathProvider"] == "ADVANCED_DATAPATH" and inputs["enableShieldedNodes"] is True
+    for pool in gke_stack.of_type(NODE_POOL):
+        assert pool.inputs["networkConfig"] == {"enablePrivateNodes": True}, pool.name
+        assert pool.inputs["nodeConfig"]["shieldedInstanceConfig"] == {
+            "enableSecureBoot": True, "enableIntegrityMonitoring": True}, pool.name
+    # The private nodes' way out: Cloud NAT on the nodes' subnet, every range of it; the cluster after it.
+    (nat,) = gke_stack.of_type("gcp:compute/routerNat:RouterNat")
+    assert nat.inputs["sourceSubnetworkIpRangesToNat"] == "LIST_OF_SUBNETWORKS"
+    assert [s["sourceIpRangesToNats"] for s in nat.inputs["subnetworks"]] == [["ALL_IP_RANGES"]]
+    assert "network-nat" in cluster.depends_on
+    # Pulumi and kubectl reach the control plane through its DNS-based endpoint, as their Google identity.
+    kubeconfig = yaml.safe_load(gke_stack.outputs["kubeconfig"])
+    (entry,) = kubeconfig["clusters"]
+    assert entry["cluster"] == {"server": "https://gke-0a1b2c3d4e5f-4821.us-central1.gke.goog"}
+    assert policies.closed_clusters(gke_stack.resources) == []
+
+
+def test_authorized_networks_open_the_public_ip_endpoint_to_those_ranges_only():
+    rendered = render.render("gke", gke_values(cluster={"authorizedNetworks": ["198.51.100.0/24"]}))
+    (cluster,) = rendered.of_type(policies.GKE_CLUSTER)
+    assert cluster.inputs["privateClusterConfig"]["enablePrivateEndpoint"] is False
+    assert cluster.inputs["masterAuthorizedNetworksConfig"] == {
+        "cidrBlocks": [{"cidrBlock": "198.51.100.0/24", "displayName": "authorized 198.51.100.0/24"}],
+        "gcpPublicCidrsAccessEnabled": False}
+    assert policies.closed_clusters(rendered.resources) == []
+    error = config_error_before_any_resource("gke", gke_values(cluster={"authorizedNetworks": ["0.0.0.0/0"]}))
+    assert "cluster.authorizedNetworks" in error and "lets everyone in" in error, error
+
+
 def test_every_object_validates_against_the_real_schemas(gke_stack, validate_crd):
     assert validate_all(gke_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
     assert policies.violations(gke_stack.objects) == []
@@ -622,7 +657,8 @@ def test_a_public_endpoints_objects_validate_and_its_google_resources_wait_for_t
     endpoint = [r for r in public_gke_stack.resources if r.type.startswith(("gcp:certificatemanager/",
                                                                              "gcp:compute/"))
                 and r.parent != "tracking-database"]
-    assert len(endpoint) == 8  # network, 1 subnet, address, authorization, certificate, map, entry, policy
+    assert len(endpoint) == 10  # network, 1 subnet, router, NAT, address, authorization, certificate, map,
+    #                             entry, policy
     for resource in endpoint:
         assert services <= waits_for(resource, by_name), resource.name
 

@@ -104,6 +104,15 @@ def test_each_violation_is_reported():
             "settings": {"ipConfiguration": {"ipv4Enabled": True}}}),
         types.SimpleNamespace(resource_type=policies.SQL_USER, name="admin",
                               props={"type": "BUILT_IN", "password": "hunter2"}),
+        # GKE's defaults: public nodes, a public endpoint open to all, no NetworkPolicy enforcement.
+        types.SimpleNamespace(resource_type=policies.GKE_CLUSTER, name="open-cluster", props={}),
+        types.SimpleNamespace(resource_type=policies.GKE_CLUSTER, name="anyone", props={
+            "privateClusterConfig": {"enablePrivateNodes": True},
+            "masterAuthorizedNetworksConfig": {"cidrBlocks": [{"cidrBlock": "0.0.0.0/0"}],
+                                               "gcpPublicCidrsAccessEnabled": False},
+            "datapathProvider": "ADVANCED_DATAPATH"}),
+        types.SimpleNamespace(resource_type=policies.GKE_NODE_POOL, name="public-pool",
+                              props={"networkConfig": {"enablePrivateNodes": False}}),
     ]
     found = reported(bad)
     assert found["no-cluster-admin"] == ["ClusterRoleBinding/admin binds cluster-admin"]
@@ -118,6 +127,16 @@ def test_each_violation_is_reported():
         "Cloud SQL instance public-db: IAM database authentication is off",
         "Cloud SQL instance public-db: direct connections are allowed",
         "Cloud SQL user admin: a password user; use IAM authentication"]
+    assert found["closed-clusters"] == [
+        "GKE cluster open-cluster: its nodes have public addresses (privateClusterConfig.enablePrivateNodes "
+        "is not true)",
+        "GKE cluster open-cluster: its public endpoint is open to everyone (authorized networks: none); name "
+        "the ranges that may reach it, or make it private and use the DNS-based endpoint",
+        "GKE cluster open-cluster: NetworkPolicy is not enforced (no Dataplane V2, datapathProvider "
+        "ADVANCED_DATAPATH, nor the network policy add-on)",
+        "GKE cluster anyone: its public endpoint is open to everyone (authorized networks: 0.0.0.0/0); name "
+        "the ranges that may reach it, or make it private and use the DNS-based endpoint",
+        "GKE node pool public-pool: its nodes have public addresses"]
 
 
 @pytest.fixture(scope="module")

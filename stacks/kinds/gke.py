@@ -226,6 +226,10 @@ class GkeConfig(Section):
     endpoint: EndpointConfig = Field(
         EndpointConfig(), description="who reaches the model: the VPC network (default) or, over HTTPS, the "
                                       "internet's allowed ranges")
+    authorized_networks: tuple[Ipv4Range, ...] = Field(
+        (), description="who may reach the control plane's public IP endpoint; none (default): it is "
+                        "private, and kubectl and Pulumi reach the cluster through its DNS-based endpoint "
+                        "with their Google identity (0.0.0.0/0 is refused)")
 
     @property
     def cpu_pool(self) -> NodePoolConfig:
@@ -382,7 +386,8 @@ class GkeKind(ClusterKind):
         self._cluster = GkeCluster("cluster", GkeClusterArgs(
             project=gcp.project, name=config.name, location=config.location,
             release_channel=config.release_channel, deletion_protection=config.deletion_protection,
-            node_pools=self._pools, image_repository=self._registry.repository, network=self._network),
+            node_pools=self._pools, image_repository=self._registry.repository, network=self._network,
+            authorized_networks=config.authorized_networks),
             opts=self._after_apis())
         return Cluster(provider=self._cluster.provider, kubeconfig=self._cluster.kubeconfig)
 
