@@ -33,6 +33,20 @@ E2E_SCALING = {
 }
 
 
+@pytest.fixture(scope="session")
+def say(pytestconfig):
+    """Prints a line of the run's progress as it happens, not captured: `make test` shows what the run
+    did (the prediction, the served version, the restart, the scaling) even when it passes. From the
+    tests' own thread only (the capture is suspended around each line)."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:
+        with capture.global_and_fixture_disabled():
+            print(f"e2e: {line}", flush=True)
+
+    return say
+
+
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # the run's output is the pods'
         pass

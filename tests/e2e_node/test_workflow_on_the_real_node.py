@@ -43,10 +43,6 @@ LOG_LINES = 3  # of a failed container, in the run's message
 MODEL = "fmnist"  # Pulumi.local.yaml's pipeline.modelName
 
 
-def say(line: str) -> None:
-    print(f"e2e: {line}", flush=True)
-
-
 def never_starts(api) -> list[str]:
     """Each container of the namespace the kubelet says will not start, in its words."""
     found = []
@@ -61,7 +57,7 @@ def never_starts(api) -> list[str]:
     return found
 
 
-def record_failures(api, failures: dict[str, str]) -> None:
+def record_failures(api, failures: dict[str, str], say) -> None:
     """Each container of the namespace that ended with an error, once, with the end of its log: what a
     failed run's message names (JobSet replaces a failed attempt's pods)."""
     for pod in api.list("v1", "Pod", NAMESPACE):
@@ -84,7 +80,7 @@ def failed_nodes(workflow: dict) -> list[str]:
             for node in nodes.values() if node.get("phase") in ("Failed", "Error")]
 
 
-def run_workflow(api) -> dict:
+def run_workflow(api, say) -> dict:
     """Submits a run of the template and waits until it ends; the run's pods' or steps' own words at
     once if something in it will not happen."""
     workflow = argo.workflow()
@@ -101,7 +97,7 @@ def run_workflow(api) -> dict:
             say(f"workflow {name}: {state[0] or 'not started'} {state[1] or ''}")
         if status.get("phase") == "Succeeded":
             return current
-        record_failures(api, failures)
+        record_failures(api, failures, say)
         assert status.get("phase") not in ("Failed", "Error"), (
             f"workflow {name} ended {status.get('phase')}: {status.get('message')}; "
             + "; ".join([*failed_nodes(current), *(f"{key}: {what}" for key, what in failures.items())]))
@@ -157,7 +153,7 @@ class WorkerKiller(threading.Thread):
 
     def __init__(self, cluster):
         super().__init__(daemon=True)
-        self.cluster, self.killed, self.error = cluster, None, None
+        self.cluster, self.killed, self.when, self.error = cluster, None, None, None
 
     def run(self) -> None:
         try:
@@ -189,18 +185,19 @@ class WorkerKiller(threading.Thread):
                         if status["name"] == NODE_CONTAINER]
         self.cluster.real_node.kill_container(container["containerID"])
         self.killed = worker1["metadata"]["name"]
-        say(f"worker 0 ended {first_epoch[0].strip()}: killed pod {self.killed}'s trainer (SIGKILL)")
+        self.when = first_epoch[0].strip()
 
 
-def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, tmp_path):
+def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, say, tmp_path):
     api = cluster.api
     started = time.monotonic()
     killer = WorkerKiller(cluster)
     killer.start()
-    workflow = run_workflow(api)
+    workflow = run_workflow(api, say)
     say(f"workflow {workflow['metadata']['name']} Succeeded in {time.monotonic() - started:.0f} s")
     killer.join(timeout=POLL_SECONDS)
     assert killer.error is None and killer.killed, killer.error or "no trainer pod was killed"
+    say(f"worker 0 ended {killer.when}: pod {killer.killed}'s trainer was SIGKILLed then")
 
     # Training: a worker killed after the first epoch; JobSet restarted the set, and its two new pods
     # resumed from the backup on the real node and ended Succeeded together.
@@ -233,7 +230,7 @@ def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, tmp_path):
     assert run["info"]["status"] == "FINISHED", run["info"]
 
     # A second run: ingest is memoized (the template says so), the rest runs again.
-    again = run_workflow(api)
+    again = run_workflow(api, say)
     ingest = [node for node in again["status"]["nodes"].values() if node.get("displayName") == "ingest"]
     assert any((node.get("memoizationStatus") or {}).get("hit") for node in ingest), ingest
 
@@ -360,7 +357,7 @@ def wait_for_ready_replicas(api, count: int, what: str) -> float:
 
 
 def test_the_predictor_scales_from_one_replica_to_two_on_requests_in_flight_and_back(
-    cluster, prometheus, tmp_path
+    cluster, prometheus, say, tmp_path
 ):
     """The InferenceService the run served, scaled by KEDA (KServe's ScaledObject, KEDA's HPA, the
     external metric through KEDA's metrics adapter) on the stack's in-flight query, under load sent
@@ -412,7 +409,9 @@ def broken_memory(container: dict) -> str:
 
 @pytest.mark.parametrize("breaks", [broken_image, broken_probe, broken_memory],
                          ids=["unpullable-image", "probe-on-a-missing-path", "over-its-memory-limit"])
-def test_a_predictor_that_will_never_serve_fails_the_serve_step_within_a_minute(cluster, tmp_path, breaks):
+def test_a_predictor_that_will_never_serve_fails_the_serve_step_within_a_minute(
+    cluster, say, tmp_path, breaks
+):
     """The serve step (cluster_steps.release deploy, as the workflow's account) of the version the run
     published, its predictor changed as a user's mistake would change it."""
     manifest = serve_manifest(cluster.api, "1")
