@@ -34,17 +34,10 @@ E2E_SCALING = {
 
 
 @pytest.fixture(scope="session")
-def say(pytestconfig):
-    """Prints a line of the run's progress as it happens, not captured: `make test` shows what the run
-    did (the prediction, the served version, the restart, the scaling) even when it passes. From the
-    tests' own thread only (the capture is suspended around each line)."""
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def say(line: str) -> None:
-        with capture.global_and_fixture_disabled():
-            print(f"e2e: {line}", flush=True)
-
-    return say
+def say(uncaptured):
+    """Prints a line of the run's progress, not captured: `make test` shows what the run did (the
+    prediction, the served version, the restart, the scaling) even when it passes."""
+    return lambda line: uncaptured(f"e2e: {line}")
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

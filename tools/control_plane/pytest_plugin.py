@@ -11,6 +11,7 @@ out of any other run).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -37,20 +38,29 @@ def unavailable(message: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def tier(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, local_render):
+def uncaptured(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    """Prints a line as it happens, not captured, so that a passing run shows it too (each component's
+    line as the tier starts, the end-to-end run's progress). From the tests' own thread only: the
+    capture is suspended around each line."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:
+        with capture.global_and_fixture_disabled():
+            print(line, flush=True)
+
+    return say
+
+
+@pytest.fixture(scope="session")
+def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured, local_render):
     if not build.MANIFEST.is_file():
         unavailable(
             "the tier's programs are not built: python -m tools.control_plane.build (make test-cluster does)"
         )
     rendered, cluster_name = local_render
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def say(line: str) -> None:  # each component's line, shown as the tier starts, not captured
-        with capture.global_and_fixture_disabled():
-            print(line, flush=True)
-
     started = Tier(
-        tmp_path_factory.mktemp("control-plane"), build.read_manifest(), say=say, cluster_name=cluster_name
+        tmp_path_factory.mktemp("control-plane"), build.read_manifest(), say=uncaptured,
+        cluster_name=cluster_name,
     )
     try:
         started.start(rendered)
