@@ -21,7 +21,8 @@ within a poll, with the controller's own words (read in their code at the tags t
 engines/trainjob.py):
 - Kueue: a Workload it deactivated (it gave up requeueing the job), or one it finds inadmissible (its
   LocalQueue or ClusterQueue missing or inactive, its namespace not the queue's: reason Inadmissible),
-  or whose pods need more than the queue could ever hold ("... > maximum capacity").
+  or whose pods need more than the queue could ever hold ("... > maximum capacity"), or whose pods' node
+  selector the queue's flavor does not match ("flavor ... doesn't match node affinity").
 - A controller refused, on its warning event: Trainer cannot create the JobSet
   (TrainJobResourcesCreationFailed, with no condition on the TrainJob: a JobSet its webhook refuses),
   JobSet cannot create a Job or its headless Service (JobCreationFailed, HeadlessServiceCreationFailed),

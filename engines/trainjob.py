@@ -134,9 +134,11 @@ NOT_CREATED = {
 # The API server's or a webhook's refusal: the same object is refused on every retry (Trainer builds the
 # JobSet from its snapshot of the runtime, taken once). A ResourceQuota's refusal passes once others end.
 REFUSED = re.compile(r"denied the request|is invalid|not found|is forbidden(?!: exceeded quota)")
-# Kueue v0.19.2's scheduler, when a pod set asks for more than the ClusterQueue could ever lend it
-# (pkg/scheduler/flavorassigner): "... > maximum capacity (...)".
-BEYOND_QUOTA = "> maximum capacity"
+# Kueue v0.19.2's scheduler (pkg/scheduler/flavorassigner/flavorassigner.go) when a pod set can never
+# get the queue's flavor: it asks for more than the ClusterQueue could ever lend it ("... > maximum
+# capacity (...)"), or its pods' node selector excludes the flavor's node labels. Our ClusterQueue has
+# one flavor, so either reason is the whole answer.
+NEVER_ADMITTED = ("> maximum capacity", "doesn't match node affinity")
 INADMISSIBLE = "Inadmissible"  # Kueue's QuotaReserved reason for a missing or inactive queue
 
 
@@ -542,7 +544,8 @@ class TrainJobEngine(TrainingEngine):
                 f"{described(evicted) or 'spec.active is false'}"
             )
         if reserved := condition(workload, "QuotaReserved", status="False"):
-            if reserved.get("reason") == INADMISSIBLE or BEYOND_QUOTA in reserved.get("message", ""):
+            message = reserved.get("message", "")
+            if reserved.get("reason") == INADMISSIBLE or any(never in message for never in NEVER_ADMITTED):
                 raise TrainingFailed(
                     f"Kueue will never admit Workload {workload['metadata']['name']} in "
                     f"{workload['spec'].get('queueName')}: {described(reserved)}"

@@ -1,18 +1,15 @@
-"""What the cluster's controllers make of a TrainJob and our training runtime, restated from their code
-at the tags the stacks install, for the one thing the control-plane tier (tests/cluster/, which runs
-these controllers) does not: the gke stack's training pods on its pools (the flavor's placement, the
-GPUs), checked by tests/test_cluster_contracts.py and tests/test_infra_gke.py:
+"""The pods Trainer and JobSet make of a train step's TrainJob, restated from their code at the tags
+the stacks install, for the fast checks that read every step of every stack config (their images,
+accounts, requests; tests/test_cluster_contracts.py, tests/test_infra_gke.py). The control-plane tier
+runs the controllers themselves on the local stack (tests/cluster/test_train.py) and on the gke
+stack's pools (tests/cluster/test_gke_placement.py: Kueue's flavor, tolerations, GPUs), so nothing
+here restates Kueue:
 
-- Kueue v0.19.2's webhook suspends a TrainJob that names a queue and appends its own runtime patch
-  (pkg/controller/jobs/trainjob/trainjob_webhook.go Default); at admission it writes the flavor's node
-  labels and tolerations into that patch for every pod set, one per replicated job, and resumes the
-  job (trainjob_controller.go RunWithPodSetsInfo, pkg/podset/podset.go).
 - Kubeflow Trainer v2.3.0 builds the JobSet from the runtime: the replicated job labelled
   trainjob-ancestor-step=trainer gets the TrainJob's image, command, args and env in its container
   `node`, its resourcesPerNode merged in, and numNodes as parallelism and completions; every other job
   keeps the runtime's pods (pkg/runtime/framework/plugins/jobset/builder.go, plainml/plainml.go,
-  core/trainingruntime.go); the runtime patches are merged in order, a toleration list replacing the
-  runtime's (PodSpec.tolerations has no patch strategy).
+  core/trainingruntime.go).
 - JobSet v0.12.0's webhook defaults Indexed completion, restartPolicy OnFailure and DNS hostnames
   (pkg/webhooks/jobset_webhook.go); each pod `<jobset>-<job>-<jobIndex>-<podIndex>` resolves under the
   headless Service named after the JobSet (jobset_controller.go), labelled and annotated with its
@@ -26,38 +23,7 @@ import copy
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 NODE_CONTAINER = "node"
-KUEUE_MANAGER = "kueue.x-k8s.io/manager"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-def kueue_created(trainjob: dict) -> dict:
-    """The TrainJob as Kueue's mutating webhook lets it in: suspended when it names a queue, with an
-    empty runtime patch of Kueue's own."""
-    created = copy.deepcopy(trainjob)
-    if QUEUE_LABEL in created["metadata"].get("labels", {}):
-        created["spec"]["suspend"] = True
-    created["spec"].setdefault("runtimePatches", []).append(
-        {"manager": KUEUE_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {}}}})
-    return created
-
-
-def kueue_admitted(trainjob: dict, runtime: dict, flavor: dict) -> dict:
-    """The TrainJob once Kueue admitted it on `flavor` (a ResourceFlavor): every replicated job's pods
-    get the flavor's node labels as nodeSelector and its tolerations, through Kueue's runtime patch."""
-    admitted = copy.deepcopy(trainjob)
-    (patch,) = [p for p in admitted["spec"]["runtimePatches"] if p["manager"] == KUEUE_MANAGER]
-    placement = {}
-    if flavor["spec"].get("nodeLabels"):
-        placement["nodeSelector"] = dict(flavor["spec"]["nodeLabels"])
-    if flavor["spec"].get("tolerations"):
-        placement["tolerations"] = copy.deepcopy(flavor["spec"]["tolerations"])
-    patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"] = [
-        {"name": job["name"], "template": {"spec": {"template": {
-            "metadata": {"labels": {"kueue.x-k8s.io/podset": job["name"]}}, "spec": placement}}}}
-        for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]]
-    admitted["spec"]["suspend"] = False
-    return admitted
 
 
 def _upsert(items: list[dict], new: list[dict]) -> list[dict]:
@@ -70,22 +36,6 @@ def _upsert(items: list[dict], new: list[dict]) -> list[dict]:
         else:
             merged.append(dict(item))
     return merged
-
-
-def _patch_pod(pod: dict, patch: dict) -> None:
-    metadata = patch.get("metadata", {})
-    for field in ("labels", "annotations"):
-        if metadata.get(field):
-            pod.setdefault("metadata", {}).setdefault(field, {}).update(metadata[field])
-    spec = patch.get("spec", {})
-    if spec.get("nodeSelector"):
-        pod["spec"].setdefault("nodeSelector", {}).update(spec["nodeSelector"])
-    if "tolerations" in spec:
-        pod["spec"]["tolerations"] = copy.deepcopy(spec["tolerations"])  # no patch strategy: replaced
-    for container in spec.get("containers", []):
-        (found,) = [c for c in pod["spec"]["containers"] if c["name"] == container["name"]]
-        if container.get("env"):
-            found["env"] = _upsert(found.get("env", []), container["env"])
 
 
 def trainer_jobset(runtime: dict, trainjob: dict) -> dict:
@@ -110,10 +60,6 @@ def trainer_jobset(runtime: dict, trainjob: dict) -> dict:
         job_spec.setdefault("completionMode", "Indexed")
         job_spec["template"]["spec"].setdefault("restartPolicy", "OnFailure")
         job.setdefault("replicas", 1)
-    for patch in trainjob["spec"].get("runtimePatches", []):
-        for job_patch in patch["trainingRuntimeSpec"]["template"]["spec"].get("replicatedJobs", []):
-            (job,) = [j for j in spec["replicatedJobs"] if j["name"] == job_patch["name"]]
-            _patch_pod(job["template"]["spec"]["template"], job_patch["template"]["spec"]["template"])
     spec.setdefault("network", {}).setdefault("enableDNSHostnames", True)
     spec["network"].setdefault("publishNotReadyAddresses", True)
     spec.setdefault("successPolicy", {"operator": "All"})

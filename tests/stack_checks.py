@@ -128,13 +128,10 @@ def runtime_of(rendered: render.Rendered, trainjob: dict) -> dict:
     return named(rendered, "ClusterTrainingRuntime", trainjob["spec"]["runtimeRef"]["name"])
 
 
-def admitted_jobset(rendered: render.Rendered, step: str) -> dict:
-    """The JobSet Trainer v2 makes of a train step's TrainJob once Kueue admitted it on the stack's flavor."""
+def trainer_jobset(rendered: render.Rendered, step: str) -> dict:
+    """The JobSet Trainer v2 makes of a train step's TrainJob."""
     trainjob = embedded(template_of(rendered), step)
-    runtime = runtime_of(rendered, trainjob)
-    (flavor,) = objects_of(rendered, "ResourceFlavor")
-    created = cluster_actors.kueue_created(trainjob)
-    return cluster_actors.trainer_jobset(runtime, cluster_actors.kueue_admitted(created, runtime, flavor))
+    return cluster_actors.trainer_jobset(runtime_of(rendered, trainjob), trainjob)
 
 
 def training_pods(rendered: render.Rendered, step: str) -> list[dict]:
@@ -142,7 +139,7 @@ def training_pods(rendered: render.Rendered, step: str) -> list[dict]:
     job = embedded(template_of(rendered), step)
     if job["kind"] == "TFJob":
         return [spec["template"] for spec in job["spec"]["tfReplicaSpecs"].values()]
-    return cluster_actors.jobset_pods(admitted_jobset(rendered, step))
+    return cluster_actors.jobset_pods(trainer_jobset(rendered, step))
 
 
 

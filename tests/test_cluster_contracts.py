@@ -1,9 +1,9 @@
 """What each actor on the cluster does, checked against what the stacks declare, where its code does
 not run in the control-plane tier (tests/cluster/, which runs the real API server, Trainer, JobSet,
 Kueue, KServe, KEDA and Argo on the local stack's objects): GKE's pools, Gateway, Cloud Armor, GCS
-FUSE and Workload Identity; k3s's Traefik and k3d's ports; Prometheus; the training pods' placement
-and GPUs on GKE's pools (Kueue's admission restated in tests/cluster_actors.py: the tier runs Kueue on
-the k3d node, not on GKE's pools); and the order in which Pulumi creates things.
+FUSE and Workload Identity; k3s's Traefik and k3d's ports; Prometheus; and the order in which Pulumi
+creates things. (The training pods' placement on GKE's pools, with their tolerations and GPUs, is the
+tier's: tests/cluster/test_gke_placement.py.)
 Every test runs on both stacks' rendered objects (under Pulumi mocks) where the actor exists on both.
 """
 
@@ -31,7 +31,7 @@ from stack_checks import (
 from cluster_steps import inference_service as shape
 from cluster_steps import release as rollout
 from common import cluster_names
-from common.cluster_target import GPU_RESOURCE, IMAGE_USER
+from common.cluster_target import IMAGE_USER
 from engines import ENGINES, engine_of_job
 from engines.trainjob import TRAINER_NAMESPACE
 from infra import gke_endpoint, k3d
@@ -569,33 +569,6 @@ def test_every_trainjob_fits_its_queue_or_kueue_would_never_admit_it(stack):
                 needs[resource] = needs.get(resource, 0) + amount
         assert set(needs) <= set(queue["spec"]["resourceGroups"][0]["coveredResources"]), step
         assert all(amount <= quota[resource] for resource, amount in needs.items()), (step, needs, quota)
-
-
-def test_kueues_admission_puts_every_training_pod_on_the_training_pool_and_only_there(gke):
-    (flavor,) = objects_of(gke, "ResourceFlavor")
-    assert flavor["spec"]["nodeLabels"] == {"dist-ml/pool": "spot"}
-    for pod in training_pods(gke, "train-cnn"):
-        assert pod["spec"]["nodeSelector"] == {"dist-ml/pool": "spot"}
-        assert {t["key"] for t in pod["spec"]["tolerations"]} == {"cloud.google.com/gke-spot"}
-
-
-def test_on_the_gpu_pool_every_node_pod_asks_for_the_nodes_gpus_and_the_queue_covers_them():
-    values = stack_values("gke")
-    cluster = json.loads(values["dist-ml:cluster"])
-    cluster["nodePools"]["gpu"] = {"enabled": True, "maxNodes": 2}
-    cluster["trainingPool"] = "gpu"
-    values["dist-ml:cluster"] = json.dumps(cluster)
-    rendered = render.render("gke", values)
-    (flavor,) = objects_of(rendered, "ResourceFlavor")
-    assert flavor["metadata"]["name"] == "dist-ml-gpu"
-    (queue,) = objects_of(rendered, "ClusterQueue")
-    (flavor_quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
-    resources = {r["name"]: r["nominalQuota"] for r in flavor_quota["resources"]}
-    assert resources[GPU_RESOURCE] == "2"  # 2 nodes of 1 T4
-    for pod in training_pods(rendered, "train-cnn"):
-        (node,) = pod["spec"]["containers"]
-        assert node["resources"]["requests"][GPU_RESOURCE] == node["resources"]["limits"][GPU_RESOURCE] == 1
-        assert {t["key"] for t in pod["spec"]["tolerations"]} == {"nvidia.com/gpu"}
 
 
 # JobSet v0.12.0 pkg/webhooks/jobset_webhook.go ruleNameFmt. Its webhook refuses a JobSet whose failure

@@ -281,6 +281,10 @@ def test_a_conflict_a_quota_or_another_jobs_warning_is_not_a_refusal_of_this_one
      "message": "couldn't assign flavors to pod set node: insufficient quota for cpu in flavor "
                 "dist-ml-k3d, previously considered podsets requests (0) + current podset request (3) > "
                 "maximum capacity (2)"},
+    # What the tier's gke placement test sees when a flavor's node labels and the runtime's node
+    # selector disagree (tests/cluster/test_gke_placement.py).
+    {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+     "message": "couldn't assign flavors to pod set node: flavor dist-ml-spot doesn't match node affinity"},
 ])
 def test_a_workload_kueue_can_never_admit_fails_the_step_with_kueues_reason(reserved):
     cluster = FakeCluster("TrainJob", [queued()], workloads=[[workload(reserved)]])

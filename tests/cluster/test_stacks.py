@@ -5,13 +5,7 @@ WorkflowTemplate, the serving pieces."""
 
 from __future__ import annotations
 
-from conftest import REPO_ROOT
-from stack_checks import stack_values
-
-from stacks import render
 from tools.control_plane import stacks
-
-GKE_PROJECT, GKE_REGION = "dist-ml-tier-4821", "us-central1"
 
 
 def test_the_local_stacks_objects_are_all_accepted_and_stored(tier, rendered, local_stack_objects):
@@ -42,12 +36,7 @@ def test_the_local_stacks_objects_are_all_accepted_and_stored(tier, rendered, lo
 def test_the_gke_stacks_objects_are_accepted_by_the_api_server_and_every_webhook(tier, local_stack_objects):
     """Applied with dryRun=All (admission runs, webhooks included, nothing is stored), over the local
     stack's objects of the same names; the namespaces it adds are created first, for real."""
-    values = {
-        **stack_values(REPO_ROOT / "Pulumi.gke.yaml"),
-        "gcp:project": GKE_PROJECT,
-        "gcp:region": GKE_REGION,
-    }
-    rendered = render.render("gke", values)
+    rendered = stacks.gke_stack()
     objects, unserved = stacks.served(tier.api, stacks.in_dependency_order(rendered))
     assert unserved <= set(stacks.UNSERVED_KINDS), unserved
     tier.api.apply_all(obj for obj in objects if obj["kind"] == "Namespace")

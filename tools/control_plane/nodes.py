@@ -6,7 +6,10 @@ own stage); one annotated with CRASH_LOOP_ANNOTATION has containers the kubelet 
 (CrashLoopBackOff); a deleted pod goes (KWOK's pod-delete).
 
 The local stack's cluster is one k3d server node (k3s labels it; it has no taints) in the Docker VM
-the local defaults are sized for (stacks/kinds/k3d.py DOCKER_VM).
+the local defaults are sized for (stacks/kinds/k3d.py DOCKER_VM). The gke stack's are its node pools'
+nodes at their largest (each pool's maxNodes), shaped from the pools the stack declares: their labels
+and taints, GKE's own labels, a node's allocatable for its machine type, and the GPUs GKE's device
+plugin advertises.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from common.cluster_target import GPU_RESOURCE  # what GKE's NVIDIA device plugin advertises
+from infra.gke import KUBERNETES_TAINT_EFFECTS, allocatable, machine_size
+from stacks import render
 from stacks.kinds.k3d import DOCKER_VM
 
 KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
@@ -172,6 +178,41 @@ def k3d_nodes(cluster_name: str) -> list[dict]:
     """The k3d cluster's one server node, as k3s registers it."""
     labels = {**K3S_SERVER_ROLES, **K3S_NODE_LABELS}
     return [node(f"k3d-{cluster_name}-server-0", labels, [], dict(DOCKER_VM))]
+
+
+# The labels GKE gives every node of a pool, a Spot VM's and a GPU node's
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/node-pools, .../concepts/spot-vms,
+# .../how-to/gpus).
+GKE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+NODE_POOL_TYPE = "gcp:container/nodePool:NodePool"
+
+
+def gke_nodes(rendered: render.Rendered) -> list[dict]:
+    """Every node the gke stack's pools can have (each pool's maxNodes), as GKE registers them."""
+    return [node_of_pool(pool.name, pool.inputs, index)
+            for pool in rendered.of_type(NODE_POOL_TYPE)
+            for index in range(pool.inputs["autoscaling"]["totalMaxNodeCount"])]
+
+
+def node_of_pool(pool_name: str, pool: dict, index: int) -> dict:
+    config = pool["nodeConfig"]
+    size = machine_size(config["machineType"])
+    if size is None:
+        raise ValueError(f"node pool {pool_name}: machine type {config['machineType']} has no known size")
+    cpus, memory_gib = allocatable(*size)
+    capacity = {"cpu": f"{int(cpus * 1000)}m", "memory": f"{int(memory_gib * 1024)}Mi"}
+    labels = {GKE_POOL_LABEL: pool_name, INSTANCE_TYPE_LABEL: config["machineType"], **config["labels"]}
+    if config.get("spot"):
+        labels[GKE_SPOT_LABEL] = "true"
+    for accelerator in config.get("guestAccelerators", []):
+        labels[GKE_ACCELERATOR_LABEL] = accelerator["type"]
+        capacity[GPU_RESOURCE] = str(accelerator["count"])
+    taints = [{"key": t["key"], "value": t["value"], "effect": KUBERNETES_TAINT_EFFECTS[t["effect"]]}
+              for t in config.get("taints", [])]
+    return node(f"gke-{pool['cluster']}-{pool_name}-{index}", labels, taints, capacity)
 
 
 def k3d_agent_name(cluster_name: str) -> str:

@@ -8,8 +8,10 @@ reason, and every other kind must be one the API server serves.
 
 from __future__ import annotations
 
+import contextlib
 import graphlib
 import json
+from typing import Iterator
 
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
@@ -29,17 +31,38 @@ UNSERVED_KINDS = {
 }
 
 
-def local_stack(**sections: dict) -> tuple[render.Rendered, str]:
-    """Pulumi.local.yaml rendered (each of its sections named in `sections`, `pipeline=...`,
-    `serving=...`, updated with the keys given, as a user edits it), and its k3d cluster's name (whose
-    node the tier simulates)."""
-    from stacks.config import from_pulumi_values, parse_stack_config
+# The gke stack's project as a user sets it (Pulumi.gke.yaml has none); its region is the file's.
+GKE_PROJECT = "dist-ml-tier-4821"
+# What decides where a training pod runs: the objects the tier puts in place of the local stack's to
+# judge another stack's placement, and puts back after. (The workflow's account stays the local
+# stack's: the tier's tokens are bound to it; both stacks declare it from one program.)
+PLACEMENT_KINDS = frozenset({"ResourceFlavor", "ClusterQueue", "LocalQueue", "ClusterTrainingRuntime"})
+SWAP_SECONDS = 60.0
 
-    values = render.pulumi_values(ROOT / "Pulumi.local.yaml")
+
+def stack_values(stack: str, **sections: dict) -> dict[str, str]:
+    """Pulumi.<stack>.yaml's values, each of its sections named in `sections` (`pipeline=...`,
+    `cluster=...`) updated with the keys given, as a user edits it (None removes a key)."""
+    values = render.pulumi_values(ROOT / f"Pulumi.{stack}.yaml")
     for section, changes in sections.items():
         key = f"dist-ml:{section}"
-        values[key] = json.dumps({**json.loads(values[key]), **changes})
+        merged = {**json.loads(values.get(key, "{}")), **changes}
+        values[key] = json.dumps({k: v for k, v in merged.items() if v is not None})
+    return values
+
+
+def local_stack(**sections: dict) -> tuple[render.Rendered, str]:
+    """Pulumi.local.yaml rendered (with `sections` changed, stack_values), and its k3d cluster's name
+    (whose node the tier simulates)."""
+    from stacks.config import from_pulumi_values, parse_stack_config
+
+    values = stack_values("local", **sections)
     return render.render("local", values), parse_stack_config(from_pulumi_values(values)).cluster.name
+
+
+def gke_stack(**sections: dict) -> render.Rendered:
+    """Pulumi.gke.yaml rendered for GKE_PROJECT (with `sections` changed, stack_values)."""
+    return render.render("gke", {**stack_values("gke", **sections), "gcp:project": GKE_PROJECT})
 
 
 def in_dependency_order(rendered: render.Rendered) -> list[dict]:
@@ -63,3 +86,30 @@ def served(api: Api, objects: list[dict]) -> tuple[list[dict], set[str]]:
         except ResourceNotFoundError:
             unserved.add(manifest["kind"])
     return kept, unserved
+
+
+@contextlib.contextmanager
+def placement_of(api: Api, rendered: render.Rendered, applied: list[dict]) -> Iterator[list[dict]]:
+    """The tier with `rendered`'s placement objects (PLACEMENT_KINDS) in place of those of `applied`
+    (what the tier has), yielded; after, `applied`'s back. Each swap deletes one set and creates the
+    other, so that no field of one is left in the other. The caller deletes its jobs first: Kueue's
+    and Trainer's finalizers keep a queue, flavor or runtime that a job still uses."""
+    placed = [obj for obj in in_dependency_order(rendered) if obj["kind"] in PLACEMENT_KINDS]
+    before = [obj for obj in applied if obj["kind"] in PLACEMENT_KINDS]
+    swap(api, before, placed)
+    try:
+        yield placed
+    finally:
+        swap(api, placed, before)
+
+
+def swap(api: Api, gone: list[dict], coming: list[dict]) -> None:
+    """Deletes `gone` (in reverse order of creation), waits until the controllers' finalizers let them
+    go, and applies `coming`."""
+    for obj in reversed(gone):
+        api.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace"))
+    api.wait(
+        lambda: not any(api.get(obj["apiVersion"], obj["kind"], obj["metadata"]["name"],
+                                obj["metadata"].get("namespace")) for obj in gone),
+        f"{len(gone)} placement objects deleted", SWAP_SECONDS)
+    api.apply_all(coming)
