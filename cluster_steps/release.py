@@ -145,7 +145,7 @@ def names_uri(node: Any, uri: str) -> bool:
     return any(value == uri for value in _strings(node))
 
 
-# The kubelet's event for a failed HTTP probe (pkg/kubelet/prober/prober.go, v1.33: reason Unhealthy,
+# The kubelet's event for a failed HTTP probe (pkg/kubelet/prober/prober.go, v1.35: reason Unhealthy,
 # "<Readiness|Startup> probe failed: HTTP probe failed with statuscode: <code>"). A 404 is the server
 # saying the probe's path does not exist: retrying the same request will not make it Ready.
 PROBE_PATH_MISSING = re.compile(

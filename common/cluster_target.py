@@ -12,6 +12,11 @@ import dataclasses
 from common.cluster_names import CLUSTER_STORAGE_ROOT
 
 DEFAULT_ARGO_VERSION = "v4.1.2"
+# The Kubernetes both stacks run: k3s's image on k3d, the GKE control plane's minimum, what the rendered
+# objects are validated against and what the control-plane tier builds. 1.35: the newest minor inside
+# every pinned controller's tested range, upstream's until 2027-02-28 (docs/reference/kubernetes.md).
+KUBERNETES_MINOR = "1.35"
+K3S_IMAGE = "rancher/k3s:v1.35.8-k3s1"
 IMAGE_TAG = "0.1.0"  # the release these defaults name; the stacks pass content-tagged images
 STORAGE_CLAIM_NAME = "dist-ml-storage"
 STORAGE_VOLUME = "storage"

@@ -16,7 +16,7 @@ LEVEL = "restricted"
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
 # What the API server says when PodSecurity refuses a pod (k8s.io/pod-security-admission
-# admission/admission.go, v1.33): `violates PodSecurity "restricted:v1.33": ...`.
+# admission/admission.go, v1.35): `violates PodSecurity "restricted:v1.35": ...`.
 REFUSAL = f'violates PodSecurity "{LEVEL}:'
 KUBERNETES_MINOR = re.compile(r"^1\.[0-9]+$")
 RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
@@ -45,11 +45,11 @@ def pod_security_context(fs_group: int | None = None) -> dict:
 
 def enforcing_labels(kubernetes_version: str) -> dict[str, str]:
     """The labels of a namespace whose pods must meet `restricted`, on a cluster of
-    `kubernetes_version` (`1.33`). The version is pinned to the cluster's minor, as Kubernetes advises
+    `kubernetes_version` (`1.35`). The version is pinned to the cluster's minor, as Kubernetes advises
     (docs "Enforce Pod Security Standards with Namespace Labels"), rather than `latest`: a cluster
     upgrade then never tightens the rules under running workloads; a stack's version bump does."""
     if not KUBERNETES_MINOR.fullmatch(kubernetes_version):
-        raise ValueError(f"kubernetes version {kubernetes_version!r}: expected a minor like 1.33")
+        raise ValueError(f"kubernetes version {kubernetes_version!r}: expected a minor like 1.35")
     return {ENFORCE_LABEL: LEVEL, ENFORCE_VERSION_LABEL: f"v{kubernetes_version}"}
 
 

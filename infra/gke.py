@@ -140,6 +140,7 @@ class GkeClusterArgs:
     name: str
     location: str  # a region: regional cluster; a zone: zonal
     release_channel: str
+    kubernetes_version: str  # a minor, "1.35": the control plane's minimum; the channel upgrades it
     deletion_protection: bool
     node_pools: dict[str, NodePoolArgs]  # pool name -> settings; "cpu" always present
     image_repository: gcp.artifactregistry.Repository  # where the nodes pull the pods' images from
@@ -210,6 +211,9 @@ class GkeCluster(pulumi.ComponentResource):
             initial_node_count=1,
             deletion_protection=args.deletion_protection,
             release_channel={"channel": args.release_channel},
+            # The minor the stack's objects are written for: GKE takes a minor for the newest patch its
+            # channel offers (https://cloud.google.com/kubernetes-engine/versioning#specifying_cluster_version).
+            min_master_version=args.kubernetes_version,
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
             addons_config={"gcs_fuse_csi_driver_config": {"enabled": True},
                            "http_load_balancing": {"disabled": False}},

@@ -14,10 +14,11 @@ from common.yaml_text import to_yaml
 
 # k3s installs Traefik with its helm-controller from the HelmChart kube-system/traefik; a
 # HelmChartConfig of the same name and namespace adds values to it (docs.k3s.io, "Customizing Packaged
-# Components with HelmChartConfig"). k3s v1.33 packages Traefik's chart 34.x, whose Kubernetes Gateway
-# provider is off by default (providers.kubernetesGateway.enabled); turned on, the chart creates the
-# GatewayClass `traefik` (gatewayClass.enabled) and, unless gateway.enabled is false, a Gateway of its
-# own in kube-system, which nothing here uses. The Gateway API CRDs come with k3s's traefik-crd chart.
+# Components with HelmChartConfig"). k3s v1.35.8 packages Traefik's chart 40.1 (Traefik 3.7), whose
+# Kubernetes Gateway provider is off by default (providers.kubernetesGateway.enabled); turned on, the
+# chart creates the GatewayClass `traefik` (gatewayClass.enabled) and, unless gateway.enabled is false,
+# a Gateway of its own in kube-system, which nothing here uses. These values mean the same since chart
+# 34.x (k3s v1.33). The Gateway API CRDs (v1.5.1, standard channel) come with k3s's traefik-crd chart.
 TRAEFIK_CHART = "traefik"
 TRAEFIK_NAMESPACE = "kube-system"
 TRAEFIK_GATEWAY_CLASS = "traefik"

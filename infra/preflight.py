@@ -18,6 +18,7 @@ import sys
 from typing import Callable, Sequence
 
 from common import cli
+from common.cluster_target import KUBERNETES_MINOR
 
 Version = tuple[int, ...]
 
@@ -29,12 +30,13 @@ DOTTED = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 # Minimum versions, each with why.
 # BuildKit is the default `docker build` backend from 23.0; 24.0 is the oldest Engine we accept.
 DOCKER_MIN: Version = (24, 0)
-# k3d 5.6+ for the k3s 1.33 image Pulumi.local.yaml pins (rancher/k3s:v1.33.x-k3s1).
+# k3d 5.6+ for the k3s images of Kubernetes 1.33 and later (Pulumi.local.yaml pins K3S_IMAGE).
 K3D_MIN: Version = (5, 6)
 # The Python runtime's `toolchain: pip` option in Pulumi.yaml arrived with Pulumi 3.120 (mid 2024).
 PULUMI_MIN: Version = (3, 120)
-# Kubernetes' version skew policy: kubectl within one minor of the clusters' 1.33.
-KUBECTL_MIN: Version = (1, 32)
+# Kubernetes' version skew policy: kubectl within one minor of the clusters' KUBERNETES_MINOR.
+CLUSTER_MAJOR, CLUSTER_MINOR = (int(part) for part in KUBERNETES_MINOR.split("."))
+KUBECTL_MIN: Version = (CLUSTER_MAJOR, CLUSTER_MINOR - 1)
 # Cloud SDKs from 400 ship the gke-gcloud-auth-plugin component that kubectl needs since GKE 1.26.
 GCLOUD_MIN: Version = (400, 0)
 # The plugin has no minimum of its own: it is a gcloud component, updated with the SDK.
@@ -97,12 +99,12 @@ DOCKER = Tool("docker", DOCKER_MIN, "BuildKit builds",
               'see Docker docs "Install Docker Engine" or "Install Docker Desktop"',
               (Probe(("version", "--format", "{{.Client.Version}}"), dotted),
                Probe(("--version",), after("Docker version"))))
-K3D = Tool("k3d", K3D_MIN, "k3s 1.33 images", 'see k3d.io "Installation"',
+K3D = Tool("k3d", K3D_MIN, f"k3s {KUBERNETES_MINOR} images", 'see k3d.io "Installation"',
            (Probe(("version",), after("k3d version")),))
 PULUMI = Tool("pulumi", PULUMI_MIN, "`toolchain: pip` in Pulumi.yaml",
               'see Pulumi docs "Download & install Pulumi"',
               (Probe(("version",), dotted),))
-KUBECTL = Tool("kubectl", KUBECTL_MIN, "Kubernetes 1.33, one minor of skew",
+KUBECTL = Tool("kubectl", KUBECTL_MIN, f"Kubernetes {KUBERNETES_MINOR}, one minor of skew",
                'see Kubernetes docs "Install and Set Up kubectl"',
                (Probe(("version", "--client", "-o", "json"), kubectl_json),
                 Probe(("version", "--client"), after("Client Version:"))))

@@ -49,11 +49,11 @@ class PlatformConfig(Section):
         "v1.9.4", description="Kubeflow training operator v1 (TFJob), with pipeline.engine tfjob")
     argo_version: ArgoRelease = Field(DEFAULT_ARGO_VERSION, description="Argo Workflows release")
     cert_manager_version: ReleaseTag = Field(
-        "v1.17.0", description="cert-manager (what KServe v0.20 documents)")
+        "v1.21.2", description="cert-manager (tested on Kubernetes 1.33 - 1.36)")
     kserve_version: ReleaseTag = Field("v0.20.0", description="KServe charts (Standard mode)")
     keda_version: ChartVersion = Field(
-        "2.18.0", description="KEDA chart (kedacore/keda; what KServe v0.20 pins), installed when "
-                              "serving.autoscaling.metric is inflight or rps")
+        "2.21.0", description="KEDA chart (kedacore/keda; tested on Kubernetes 1.34 - 1.36), installed "
+                              "when serving.autoscaling.metric is inflight or rps")
 
 
 class ImagesConfig(Section):

@@ -22,7 +22,8 @@ ARGO_V3_7_18 = f"{RAW}/argoproj/argo-workflows/66e32e5cc367f223e2ecf4fbe852b95ea
 ARGO_V4_1_2 = f"{RAW}/argoproj/argo-workflows/16a52d67daf2f4a8a76fa8bec02a76a46aa46257"
 KSERVE_V0_20_0 = f"{RAW}/kserve/kserve/1fb781055dd1567164358233e1125142ca6ef1fe"
 # Gateway API v1.2.1, the standard channel: the CRDs k3s v1.33's packaged Traefik chart (34.x)
-# installs (their bundle-version annotation), and the v1 kinds GKE's standard channel serves.
+# installed, and the v1 kinds GKE's standard channel serves. k3s v1.35.8's chart (40.1) installs v1.5.1,
+# whose v1 Gateway and HTTPRoute accept every field v1.2.1's do.
 GATEWAY_API_V1_2_1 = f"{RAW}/kubernetes-sigs/gateway-api/a8fe5c8732a37ef471d86afaf570ff8ad0ef0221"
 GATEWAY_API_CRDS = "config/crd/standard"
 GATEWAY_API_DIR = "gateway-api-v1.2.1"

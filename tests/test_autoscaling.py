@@ -13,14 +13,13 @@ import stack_checks
 from conftest import REPO_ROOT
 from stack_checks import closure, embedded, objects_of, validate_all
 
-from common.cluster_target import DEFAULT_PROMETHEUS_URL
+from common.cluster_target import DEFAULT_PROMETHEUS_URL, KUBERNETES_MINOR
 from infra.monitoring import prometheus_url
 from stacks import render
 from stacks.compose import MONITORING
 from stacks.declared import Declared
 
 STACK_FILES = {"local": REPO_ROOT / "Pulumi.local.yaml", "gke": REPO_ROOT / "Pulumi.gke.yaml"}
-KUBERNETES_VERSION = "1.33"  # both stack files'
 METRICS = ("inflight", "rps", "cpu", "memory")
 HELM_CHART = "kubernetes:helm.sh/v4:Chart"
 
@@ -49,7 +48,7 @@ def charts(stack: render.Rendered) -> dict[str, Declared]:
 
 def test_every_stack_renders_and_validates_in_every_mode(rendered, validate_crd):
     metric, stack = rendered
-    assert validate_all(stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    assert validate_all(stack, validate_crd, "v4", KUBERNETES_MINOR) >= 15
     isvc = predictor_isvc(stack)
     expected_class = "keda" if metric in ("inflight", "rps") else "hpa"
     assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == expected_class
@@ -63,13 +62,13 @@ def test_keda_is_installed_pinned_before_kserves_controller_only_when_the_predic
         assert "keda" not in found and "podAnnotations" not in controller
         return
     keda = found["keda"]
-    assert (keda.inputs["version"], keda.inputs["name"]) == ("2.18.0", "keda")
+    assert (keda.inputs["version"], keda.inputs["name"]) == ("2.21.0", "keda")
     assert keda.inputs["namespace"] == "keda"
     assert keda.inputs["repositoryOpts"] == {"repo": "https://kedacore.github.io/charts"}
     # KServe's controller looks for the ScaledObject CRD once, at start: after KEDA, and restarted by a
     # change of it.
     assert keda.name in closure(stack, found["kserve-resources"].name)
-    assert controller["podAnnotations"] == {"dist-ml/keda-version": "2.18.0"}
+    assert controller["podAnnotations"] == {"dist-ml/keda-version": "2.21.0"}
 
 
 def test_a_predictor_scaled_on_cpu_or_memory_names_its_metric_for_kserves_hpa(rendered):

@@ -291,7 +291,7 @@ def test_the_k3d_host_port_binds_loopback_unless_the_stack_names_another_address
     default mapping names loopback, and the URL a user is given names the address bound."""
     ports = parse_stack_config({"cluster": {"kind": "k3d"}}).cluster.ports
     assert [(p.host_address, p.host, p.container) for p in ports] == [("127.0.0.1", 8088, 80)]
-    args = k3d.K3dClusterArgs(name="n", servers=1, agents=0, k3s_image="rancher/k3s:v1.33.4-k3s1",
+    args = k3d.K3dClusterArgs(name="n", servers=1, agents=0, k3s_image="rancher/k3s:v1.35.8-k3s1",
                               ports=(("0.0.0.0", 8088, 80), ("192.0.2.7", 8443, 443)))
     command = k3d.create_command(args)
     assert "--port=0.0.0.0:8088:80@loadbalancer --port=192.0.2.7:8443:443@loadbalancer" in command

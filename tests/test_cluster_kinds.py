@@ -15,7 +15,7 @@ from conftest import REPO_ROOT
 from pydantic import Field
 from stack_checks import embedded, objects_of, validate_all
 
-from common.cluster_target import Images
+from common.cluster_target import KUBERNETES_MINOR, Images
 from infra.gateway import GatewayPlacement
 from infra.storage import PvcStorage, PvcStorageArgs
 from infra.tracking import SERVER_ACCOUNT, VolumeBackend
@@ -38,7 +38,7 @@ class FakeCluster(Section):
     """The `cluster` section of the fake kind."""
     kind: Literal["fake"] = Field(description="the stack's cluster")
     name: str = Field("fake", description="the cluster's name")
-    kubernetes_version: str = Field("1.33", description="the cluster's Kubernetes minor")
+    kubernetes_version: str = Field(KUBERNETES_MINOR, description="the cluster's Kubernetes minor")
 
 
 class FakeStack(StackSettings):
@@ -94,7 +94,7 @@ def test_the_whole_stack_renders_on_a_plugged_in_kind(fake_kind, validate_crd):
     types = {resource.type for resource in rendered.resources}
     assert {f"dist-ml:infra:{c}" for c in ("Platform", "PvcStorage", "Pipeline", "Serving")} <= types
     assert "dist-ml:infra:K3dCluster" not in types and "dist-ml:infra:GkeCluster" not in types
-    assert validate_all(rendered, validate_crd, "v4", "1.33") >= 15
+    assert validate_all(rendered, validate_crd, "v4", KUBERNETES_MINOR) >= 15
     template = objects_of(rendered, "WorkflowTemplate")[0]
     # The kind's images, placement and identity reach every object that uses them.
     assert embedded(template, "train-cnn")["spec"]["trainer"]["image"] == IMAGES.trainer

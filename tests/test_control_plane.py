@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
+from common.cluster_target import K3S_IMAGE, KUBERNETES_MINOR
 from tools.control_plane import __main__ as launcher
 from tools.control_plane import build, components, upstream
 from tools.control_plane.cluster import Binaries, Kubernetes, NotIsolated
@@ -23,7 +24,9 @@ from tools.control_plane.cluster import Binaries, Kubernetes, NotIsolated
 
 def test_the_tier_runs_the_versions_the_stacks_install():
     pins = components.pins()
-    assert pins.kubernetes == "v1.33.4"  # Pulumi.local.yaml's k3s image, rancher/k3s:v1.33.4-k3s1
+    # Pulumi.local.yaml's k3s image: the tier runs the Kubernetes both stacks name.
+    assert pins.kubernetes == K3S_IMAGE.removeprefix("rancher/k3s:").removesuffix("-k3s1")
+    assert pins.kubernetes.startswith(f"v{KUBERNETES_MINOR}.")
     local = components.stack_pins("local")
     assert (pins.trainer, pins.kueue, pins.kserve, pins.argo, pins.keda) == (
         local.trainer,

@@ -103,7 +103,7 @@ if tool == "pulumi":
         done("Stack 'local' has been removed!")
 if tool == "kubectl":
     if command == "version --client -o json":
-        done(json.dumps({"clientVersion": {"gitVersion": "v1.33.4"}}))
+        done(json.dumps({"clientVersion": {"gitVersion": "v1.35.8"}}))
     if args[0] == "create":
         done("workflow.argoproj.io/" + scenario["workflow"])
     if args[:2] == ["get", "workflow"]:

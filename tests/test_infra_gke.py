@@ -14,6 +14,7 @@ from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
 from common import cluster_names
+from common.cluster_target import KUBERNETES_MINOR
 from common.tracking_names import SERVER_NAME
 from infra.gcp_apis import GCP_APIS
 from pipeline.definition import train_step_name
@@ -23,7 +24,6 @@ from trainer.variants import VARIANTS
 
 STACK_FILE = REPO_ROOT / "Pulumi.gke.yaml"
 LOCAL_STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
-KUBERNETES_VERSION = "1.33"  # cluster.kubernetesVersion in Pulumi.gke.yaml
 PROJECT = "dist-ml-test-4821"  # what a user sets: the stack file has no project
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}
 SPOT_TOLERATION = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
@@ -78,6 +78,8 @@ def test_every_component_is_declared(gke_stack):
     assert inputs["removeDefaultNodePool"] is True and inputs["deletionProtection"] is True
     assert inputs["workloadIdentityConfig"] == {"workloadPool": f"{PROJECT}.svc.id.goog"}
     assert inputs["releaseChannel"] == {"channel": "REGULAR"} and inputs["location"] == "us-central1"
+    # No older control plane than the objects are written for; the channel upgrades it from there.
+    assert inputs["minMasterVersion"] == KUBERNETES_MINOR
     assert inputs["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}
     (repository,) = gke_stack.of_type("gcp:artifactregistry/repository:Repository")
     assert repository.inputs["format"] == "DOCKER"
@@ -123,7 +125,7 @@ def test_authorized_networks_open_the_public_ip_endpoint_to_those_ranges_only():
 
 
 def test_every_object_validates_against_the_real_schemas(gke_stack, validate_crd):
-    assert validate_all(gke_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    assert validate_all(gke_stack, validate_crd, "v4", KUBERNETES_MINOR) >= 15
     assert policies.violations(gke_stack.objects) == []
 
 
@@ -369,7 +371,7 @@ def test_training_pods_on_gpus_run_the_gpu_image_ask_for_every_gpu_and_check_the
     steps = {t["name"]: t for t in template["spec"]["templates"]}
     for step in ("ingest", "select"):  # no GPU: the CPU trainer image
         assert re.fullmatch(rf"{REGISTRY}/trainer{PUSHED}", steps[step]["container"]["image"]), step
-    assert validate_all(gpu_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    assert validate_all(gpu_stack, validate_crd, "v4", KUBERNETES_MINOR) >= 15
 
 
 def test_only_training_pods_ask_for_gpus(gpu_stack):
@@ -647,7 +649,7 @@ def public_gke_stack() -> render.Rendered:
 
 def test_a_public_endpoints_objects_validate_and_its_google_resources_wait_for_their_apis(
         public_gke_stack, validate_crd):
-    assert validate_all(public_gke_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    assert validate_all(public_gke_stack, validate_crd, "v4", KUBERNETES_MINOR) >= 15
     kinds = {o["kind"] for o in public_gke_stack.objects}
     assert {"Gateway", "HTTPRoute", "GCPBackendPolicy"} <= kinds
     assert "GCPBackendPolicy" in stack_checks.UNCHECKED_KINDS  # no pinned schema: see stack_checks

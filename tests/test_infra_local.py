@@ -8,13 +8,12 @@ import stack_checks
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
-from common.cluster_target import STORAGE_CLAIM_NAME
+from common.cluster_target import K3S_IMAGE, KUBERNETES_MINOR, STORAGE_CLAIM_NAME
 from pipeline.config import ConfigError
 from stacks import policies, render
 from stacks.config import parse_stack_config
 
 STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
-KUBERNETES_VERSION = "1.33"  # of cluster.k3sImage in Pulumi.local.yaml
 
 
 def stack_values(**sections: dict) -> dict[str, str]:
@@ -28,7 +27,7 @@ def default_stack() -> render.Rendered:
 
 def test_the_stack_files_kubernetes_version_is_the_one_validated_against():
     config = parse_stack_config(render.from_pulumi_values(render.pulumi_values(STACK_FILE)))
-    assert config.cluster.kubernetes_version == KUBERNETES_VERSION
+    assert config.cluster.kubernetes_version == KUBERNETES_MINOR
 
 
 def test_the_graph_holds_every_component(default_stack):
@@ -38,14 +37,14 @@ def test_the_graph_holds_every_component(default_stack):
         assert f"dist-ml:infra:{component}" in types
     commands = [r.inputs["create"] for r in default_stack.of_type("command:local:Command")]
     assert any(c.startswith("k3d cluster create dist-ml --servers=1 --agents=0 "
-                            "--image=rancher/k3s:v1.33.4-k3s1") for c in commands)
+                            f"--image={K3S_IMAGE}") for c in commands)
     assert sum("k3d image import dist-ml/" in c for c in commands) == 3  # trainer, serving, tracking server
     (trainer,) = default_stack.of_type("kubernetes:kustomize/v2:Directory")
     assert trainer.inputs["directory"] == ("https://github.com/kubeflow/trainer.git/manifests/overlays/manager"
                                            "?ref=v2.3.0")
     files = {r.inputs["file"] for r in default_stack.of_type("kubernetes:yaml/v2:ConfigFile")}
     assert "https://github.com/argoproj/argo-workflows/releases/download/v4.1.2/install.yaml" in files
-    assert any("cert-manager/releases/download/v1.17.0/" in f for f in files)
+    assert any("cert-manager/releases/download/v1.21.2/" in f for f in files)
     charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs for r in
               default_stack.of_type("kubernetes:helm.sh/v4:Chart")}
     assert set(charts) == {"kserve-crd", "kserve-resources", "kserve-runtime-configs", "kueue"}
@@ -63,7 +62,7 @@ def test_the_graph_holds_every_component(default_stack):
 
 
 def test_every_declared_object_validates_against_the_real_schemas(default_stack, validate_crd):
-    assert validate_all(default_stack, validate_crd, "v4", KUBERNETES_VERSION) >= 15
+    assert validate_all(default_stack, validate_crd, "v4", KUBERNETES_MINOR) >= 15
 
 
 def test_config_changes_the_objects(validate_crd):
@@ -75,7 +74,7 @@ def test_config_changes_the_objects(validate_crd):
         cluster={"trainingQuota": {"cpu": "3", "memory": "5Gi"}},
         storage={"size": "25Gi"},
     ))
-    validate_all(rendered, validate_crd, "v3", KUBERNETES_VERSION)
+    validate_all(rendered, validate_crd, "v3", KUBERNETES_MINOR)
     (template,) = objects_of(rendered, "WorkflowTemplate")
     trains = [t["name"] for t in template["spec"]["templates"] if t["name"].startswith("train-")]
     assert trains == ["train-cnn"]
@@ -145,7 +144,7 @@ def test_the_tfjob_engine_installs_the_training_operator_instead_and_its_steps_c
     platform = {"trainerVersion": None, "kueueVersion": None, "trainingOperatorVersion": "v1.9.3"}
     values = stack_values(pipeline={"engine": "tfjob"}, platform=platform, cluster={"trainingQuota": None})
     rendered = render.render("local", values)
-    validate_all(rendered, validate_crd, "v4", KUBERNETES_VERSION)
+    validate_all(rendered, validate_crd, "v4", KUBERNETES_MINOR)
     (operator,) = rendered.of_type("kubernetes:kustomize/v2:Directory")
     assert operator.inputs["directory"].endswith("manifests/overlays/standalone?ref=v1.9.3")
     assert not [r for r in rendered.of_type("kubernetes:helm.sh/v4:Chart") if "kueue" in r.inputs["chart"]]

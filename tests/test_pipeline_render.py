@@ -12,7 +12,14 @@ from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, WORKFLOW_NAMESPACE, e
 
 from cluster_steps.inference_service import TF_SERVING_VERSION
 from common import cluster_names
-from common.cluster_target import TRAINER_SERVICE_ACCOUNT, ClusterTarget, ImageMissing, Images, gcs_storage
+from common.cluster_target import (
+    KUBERNETES_MINOR,
+    TRAINER_SERVICE_ACCOUNT,
+    ClusterTarget,
+    ImageMissing,
+    Images,
+    gcs_storage,
+)
 from engines.trainjob import TRAINING_QUEUE
 from pipeline import argo
 from pipeline.config import ConfigError, parse_config
@@ -22,7 +29,6 @@ ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.p
     "v4.1.2": "argo-v4.1.2/",
     "v3.7.18": "",
 }
-KUBERNETES_VERSION = "1.33"
 CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "epochs": 4}}
 TFJOB_CONFIG = {"pipeline": {**CONFIG["pipeline"], "engine": "tfjob"}}
 TRAINER_CRDS = "trainer-v2.3.0/trainer.kubeflow.org_"
@@ -49,7 +55,7 @@ def test_every_rendered_object_validates_against_the_upstream_schemas(validate_c
     assert validate_crd(f"{TRAINER_CRDS}clustertrainingruntimes.yaml",
                         objects["clustertrainingruntime-dist-ml-tensorflow.yaml"]) == []
     assert validate_crd("serving.kserve.io_inferenceservices.yaml", embedded(template, "serve")) == []
-    kubernetes_validate.validate(objects["memoize-cache.yaml"], KUBERNETES_VERSION, strict=True)
+    kubernetes_validate.validate(objects["memoize-cache.yaml"], KUBERNETES_MINOR, strict=True)
     tfjobs = argo.workflow_template(parse_config(TFJOB_CONFIG), ClusterTarget(argo_version=argo_version))
     for variant in ("cnn", "cnn-batchnorm"):
         assert validate_crd("kubeflow.org_tfjobs.yaml", embedded(tfjobs, f"train-{variant}")) == []

@@ -13,13 +13,12 @@ from conftest import REPO_ROOT
 from stack_checks import objects_of
 
 from common import pod_security
-from common.cluster_target import ClusterTarget
+from common.cluster_target import KUBERNETES_MINOR, ClusterTarget
 from pipeline import argo
 from pipeline.config import ConfigError, parse_config
 from stacks import policies, render
 
 PROJECT = "acme-ml-test"
-KUBERNETES_VERSION = "1.33"  # both stack files' clusters
 PIPELINES = {  # the workflow's shapes whose pods differ
     "trainjob": {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3}},
     "tfjob": {"pipeline": {"variants": ["cnn"], "engine": "tfjob"}},
@@ -56,7 +55,7 @@ def test_the_namespace_of_every_pod_of_ours_enforces_restricted_pinned_to_the_cl
     for name in held:
         labels = namespaces[name]["metadata"].get("labels", {})
         assert labels[pod_security.ENFORCE_LABEL] == "restricted"
-        assert labels[pod_security.ENFORCE_VERSION_LABEL] == f"v{KUBERNETES_VERSION}"
+        assert labels[pod_security.ENFORCE_VERSION_LABEL] == f"v{KUBERNETES_MINOR}"
 
 
 def test_every_pod_of_the_stack_meets_restricted(stack):
@@ -147,5 +146,5 @@ def test_kserves_storage_initializer_is_given_the_restricted_context(stack):
 
 @pytest.mark.parametrize("version", ["v1.33", "1.33.4", "latest", "2.0"])
 def test_a_kubernetes_version_other_than_a_minor_is_refused(version):
-    with pytest.raises(ValueError, match="expected a minor like 1.33"):
+    with pytest.raises(ValueError, match="expected a minor like 1.35"):
         pod_security.enforcing_labels(version)

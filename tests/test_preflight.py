@@ -57,8 +57,8 @@ KUBECTL = """\
 echo '{'
 echo '  "clientVersion": {'
 echo '    "major": "1",'
-echo '    "minor": "33",'
-echo '    "gitVersion": "v1.33.4",'
+echo '    "minor": "35",'
+echo '    "gitVersion": "v1.35.8",'
 echo '    "gitCommit": "74cdb426431d6ff1d3a6b3a5c61df8c30da6e56e",'
 echo '    "gitTreeState": "clean",'
 echo '    "buildDate": "2025-08-12T18:04:35Z",'
@@ -93,7 +93,7 @@ GKE_TOOLS = {**LOCAL_TOOLS, "gcloud": GCLOUD, "gke-gcloud-auth-plugin": GKE_AUTH
 OK_DOCKER = "ok: docker 27.3.1 (>= 24.0), daemon answers"
 OK_K3D = "ok: k3d 5.8.3 (>= 5.6)"
 OK_PULUMI = "ok: pulumi 3.190.0 (>= 3.120)"
-OK_KUBECTL = "ok: kubectl 1.33.4 (>= 1.32)"
+OK_KUBECTL = "ok: kubectl 1.35.8 (>= 1.34)"
 OK_GIT = "ok: git 2.39.5"
 
 
@@ -140,7 +140,7 @@ def test_too_old_tools_say_what_they_are_older_than_and_why(tmp_path):
     assert result.stdout.splitlines() == [
         "problem: docker 20.10.24 is older than 24.0 (needed for BuildKit builds); upgrade it: "
         'see Docker docs "Install Docker Engine" or "Install Docker Desktop"',
-        "problem: k3d 5.4.6 is older than 5.6 (needed for k3s 1.33 images); upgrade it: "
+        "problem: k3d 5.4.6 is older than 5.6 (needed for k3s 1.35 images); upgrade it: "
         'see k3d.io "Installation"',
         OK_PULUMI, OK_KUBECTL, OK_GIT,
     ]

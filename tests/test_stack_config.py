@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stack_checks import config_error_before_any_resource
 
+from common.cluster_target import KUBERNETES_MINOR
 from pipeline import config as pipeline_config
 from pipeline.config import ConfigFile, PipelineSettings, ServingConfig, parse_config
 from pipeline.validation import ConfigError, key_path, section_at
@@ -68,7 +69,7 @@ def test_defaults_that_come_from_other_sections():
     assert gke.cloud == GcpConfig(project=PROJECT_ID, region="us-central1")
     local = parse_stack_config({"cluster": {"kind": "k3d"}})
     assert not local.monitoring.enabled and local.cloud is None and local.storage.size == "10Gi"
-    assert local.cluster.kubernetes_version == "1.33"
+    assert local.cluster.kubernetes_version == gke.cluster.kubernetes_version == KUBERNETES_MINOR
     # The stack's serving section is the pipeline's: the engines see the same type either way.
     assert type(local.pipeline.serving) is ServingConfig and local.pipeline.storage_root == "runs/pipeline"
 

@@ -15,7 +15,7 @@ import pulumi_kubernetes as k8s
 from pydantic import AfterValidator, Field, model_validator
 
 from common.cluster_names import GATEWAY_NAME, canary_name, predictor_deployment_name
-from common.cluster_target import GPU_RESOURCE, PART_OF
+from common.cluster_target import GPU_RESOURCE, KUBERNETES_MINOR, PART_OF
 from infra.cloud_sql import DATABASE, TrackingDatabase, TrackingDatabaseArgs
 from infra.gateway import GatewayPlacement
 from infra.gcp_apis import GcpApis, GcpApisArgs
@@ -64,7 +64,7 @@ GcpLocation = matching(r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$",
 GkeClusterName = matching(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$",
                           "a GKE cluster name: 1-24 of a-z, 0-9 and -, a letter first")
 GcsBucket = matching(r"^[a-z0-9][-_a-z0-9]{1,61}[a-z0-9]$", "a bucket name (3-63 of a-z, 0-9, - and _)")
-KubernetesVersion = matching(r"^1\.[0-9]+$", "a version like 1.33")
+KubernetesVersion = matching(r"^1\.[0-9]+$", f"a version like {KUBERNETES_MINOR}")
 # A fully qualified DNS name of at least two labels, lowercase, no wildcard (one certificate, one host).
 DOMAIN_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 DomainName = Annotated[matching(rf"^({DOMAIN_LABEL}\.)+[a-z]([-a-z0-9]{{0,61}}[a-z0-9])?$",
@@ -213,7 +213,9 @@ class GkeConfig(Section):
     deletion_protection: Flag = Field(
         True, description="`pulumi destroy` refuses to delete the cluster while true")
     kubernetes_version: KubernetesVersion = Field(
-        "1.33", description="what the rendered objects are validated against")
+        KUBERNETES_MINOR,
+        description="the control plane's minimum minor (GKE's min_master_version; the release channel "
+                    "upgrades it), what the rendered objects are validated against")
     node_pools: NodePools = Field(
         NodePools(), description="the cpu pool, and the optional spot and gpu pools")
     requested_training_pool: TrainingPool | None = Field(
@@ -385,7 +387,8 @@ class GkeKind(ClusterKind):
             proxy_only_subnet=not config.endpoint.public), opts=self._after_apis())
         self._cluster = GkeCluster("cluster", GkeClusterArgs(
             project=gcp.project, name=config.name, location=config.location,
-            release_channel=config.release_channel, deletion_protection=config.deletion_protection,
+            release_channel=config.release_channel, kubernetes_version=config.kubernetes_version,
+            deletion_protection=config.deletion_protection,
             node_pools=self._pools, image_repository=self._registry.repository, network=self._network,
             authorized_networks=config.authorized_networks),
             opts=self._after_apis())

@@ -10,6 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import Field, model_validator
 
+from common.cluster_target import K3S_IMAGE as DEFAULT_K3S_IMAGE
 from infra.gateway import GatewayPlacement
 from infra.images import LocalImages, LocalImagesArgs
 from infra.k3d import (
@@ -27,9 +28,9 @@ from pipeline.validation import DnsLabel, Quantity, Section, Text, WholeNumber, 
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrackingPlacement, TrainingPlacement
 from stacks.settings import StackSettings, TrainingQuota
 
-K3S_IMAGE = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
+K3S_IMAGE_PATTERN = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
 Port = Annotated[WholeNumber, Field(ge=1, le=65535)]
-K3sImage = matching(K3S_IMAGE, "a rancher/k3s image like rancher/k3s:v1.33.4-k3s1")
+K3sImage = matching(K3S_IMAGE_PATTERN, f"a rancher/k3s image like {DEFAULT_K3S_IMAGE}")
 OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 Ipv4Address = matching(rf"^{OCTET}(\.{OCTET}){{3}}$", "an IPv4 address like 127.0.0.1")
 # Docker publishes a port on this address of the host: loopback keeps the model to this machine;
@@ -69,7 +70,7 @@ class K3dConfig(Section):
     servers: WholeNumber = Field(1, ge=1, description="k3s servers")
     agents: WholeNumber = Field(0, ge=0, description="k3s agents; > 0 needs storage.accessMode ReadWriteMany")
     k3s_image: K3sImage = Field(
-        "rancher/k3s:v1.33.4-k3s1", alias="k3sImage", description="k3s image; sets the Kubernetes version")
+        DEFAULT_K3S_IMAGE, alias="k3sImage", description="k3s image; sets the Kubernetes version")
     ports: tuple[PortMapping, ...] = Field((PortMapping(host=8088, container=80),),
                                            description="host port -> k3d load balancer port")
     # Two training steps of Pulumi.local.yaml at a time (2 x 2 workers x 500m CPU, 1Gi) beside serving

@@ -20,11 +20,11 @@ from tier_helpers import (
 
 from common import pod_security
 from common.cluster_names import ISVC_LABEL
+from common.cluster_target import KUBERNETES_MINOR
 from engines.trainjob import JOBSET_NAME_LABEL
 from pipeline import argo
 from tools.control_plane.kube import Refused
 
-KUBERNETES_VERSION = "1.33"  # Pulumi.local.yaml's k3s image's, the tier's kube-apiserver's
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 ISVC_API = "serving.kserve.io/v1beta1"
 WORKFLOW_API = "argoproj.io/v1alpha1"
@@ -68,12 +68,12 @@ def test_the_api_server_refuses_a_pod_without_the_restricted_contexts_in_our_nam
 ):
     namespace = tier.api.get("v1", "Namespace", NAMESPACE)
     labels = namespace["metadata"]["labels"]
-    assert labels.items() >= pod_security.enforcing_labels(KUBERNETES_VERSION).items()
+    assert labels.items() >= pod_security.enforcing_labels(KUBERNETES_MINOR).items()
     with pytest.raises(Refused) as refused:
         tier.api.create(bare_pod("no-context"))
     assert refused.value.status == 403
     message = refused.value.message
-    assert f'{pod_security.REFUSAL}v{KUBERNETES_VERSION}"' in message, message
+    assert f'{pod_security.REFUSAL}v{KUBERNETES_MINOR}"' in message, message
     for rule in ("allowPrivilegeEscalation != false", "unrestricted capabilities", "runAsNonRoot != true",
                  "seccompProfile"):
         assert rule in message, message

@@ -255,6 +255,10 @@ def kubelet_config(
         # The machine's resolvers are outside the tier and unreachable from it: pods get the cluster's.
         "resolvConf": str(directory / "resolv.conf"),
         "failSwapOn": False,
+        # The machine's kernel mounts cgroups v1, on which the kubelet refuses to start from 1.35 unless
+        # told (k8s.io/kubelet v0.35 config/v1beta1 types.go FailCgroupV1, KEP-5573); GKE's nodes and
+        # current Docker hosts run cgroup v2, where this changes nothing.
+        "failCgroupV1": False,
         "staticPodPath": "",
         # The images cannot be pulled again (no registry): never collected, whatever the disk holds.
         "imageGCHighThresholdPercent": 100,

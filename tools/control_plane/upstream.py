@@ -396,7 +396,7 @@ def keda(ctx: Context, adapter_address: str) -> Install:
                 env,
                 ctx.health("keda-webhooks"),
             ),
-            # Outside a pod, each of its clients needs the kubeconfig named (v2.18.0 cmd/adapter/main.go).
+            # Outside a pod, each of its clients needs the kubeconfig named (v2.21.0 cmd/adapter/main.go).
             Controller(
                 "adapter",
                 "keda",
