@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import re
 import socket
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -151,6 +154,65 @@ def test_a_store_that_refuses_is_one_warning_and_the_step_goes_on(tmp_path, caps
     assert warning.startswith("train: warning: MLflow tracking is off for this step: "
                               "starting run cnn failed: ")
     assert not tracked.on and not (tmp_path / tracking.RUN_ID_FILE).exists()
+
+
+# MLflow's first schema revision (mlflow/store/db_migrations/versions/451aebb31d03_add_metric_step.py):
+# what MLflow's schema check finds in a database an older MLflow left, before `mlflow db upgrade`.
+OLDEST_SCHEMA = "451aebb31d03"
+
+
+@pytest.fixture
+def black_hole() -> str:
+    """A server that takes connections and never answers (its backlog accepts them; nothing reads):
+    a read time-out, not a refusal."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def store_under_a_file(tmp_path: Path) -> str:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    return f"sqlite:///{blocker}/mlflow/mlflow.db"
+
+
+def store_of_an_older_mlflow(tmp_path: Path) -> str:
+    database = tmp_path / "old" / "mlflow.db"
+    database.parent.mkdir()
+    # The installed MLflow's tables, made by a process of its own: MLflow keeps one store per URI in a
+    # process and checks its schema only when it first opens it.
+    subprocess.run([sys.executable, "-c", "import sys; from mlflow import MlflowClient; "
+                    "MlflowClient(tracking_uri=sys.argv[1])", f"sqlite:///{database}"], check=True)
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = ?", (OLDEST_SCHEMA,))
+    return f"sqlite:///{database}"
+
+
+@pytest.mark.parametrize("failing", ["a path that cannot be created", "a schema older than MLflow's",
+                                     "a black-holed host"])
+def test_a_store_that_fails_to_open_costs_each_step_one_warning_and_nothing_else(
+    failing, tmp_path, capsys, monkeypatch, black_hole
+):
+    """The pipeline's preparation, a chief's training, selection's registration and the rollout's
+    aliases, each its own process on a store that cannot open: one warning each, and each goes on."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # a user's own value wins over ours
+    uri = {"a path that cannot be created": store_under_a_file,
+           "a schema older than MLflow's": store_of_an_older_mlflow,
+           "a black-holed host": lambda _: black_hole}[failing](tmp_path)
+    env = {names.TRACKING_URI_ENV: uri, names.EXPERIMENT_ENV: MODEL, names.PIPELINE_RUN_ENV: "run-1"}
+    local_tracking.prepare(env)
+    trained = tracking.Tracking.from_environment("train", env)
+    assert tracking.begin_training(trained, "cnn", tmp_path, {"variant": "cnn"}) is None
+    publish(env, tmp_path / "models", 1)
+    tracking.follow_rollout(tracking.Tracking.from_environment("rollout", env), MODEL, 1, None)
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(":")[0] for line in warnings] == ["pipeline", "train", "select", "rollout"], warnings
+    for line in warnings:
+        assert ": warning: MLflow tracking is off for this step: " in line, line
+    if failing != "a black-holed host":  # MLflow opens a database when its client is made
+        assert all("opening the tracking store failed: " in line for line in warnings), warnings
+    assert (tmp_path / "models" / MODEL / "1").is_dir() and not (tmp_path / tracking.RUN_ID_FILE).exists()
 
 
 def test_without_a_store_nothing_is_tracked_or_imported_from_it(tmp_path, capsys):

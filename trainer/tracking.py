@@ -62,15 +62,25 @@ class Tracking:
 
     @classmethod
     def from_environment(cls, who: str, environ: Mapping[str, str] = os.environ) -> Tracking:
-        uri = environ.get(names.TRACKING_URI_ENV)
-        if not uri:
-            return cls(who, None, environ)
+        tracked = cls(who, None, environ)
+        if uri := environ.get(names.TRACKING_URI_ENV):
+            tracked.client = tracked.open(uri)
+        return tracked
+
+    def open(self, uri: str) -> MlflowClient | None:
+        """MLflow's client of the store at `uri`, or None (the one warning). For a database MLflow opens
+        the store right here: it creates the tables of a new one and refuses one whose schema is older
+        than the installed MLflow, a path it cannot create fails, and each is a failing store too."""
         for key, value in CLIENT_DEFAULTS.items():
             os.environ.setdefault(key, value)
         for logger in QUIET_LOGGERS:
             logging.getLogger(logger).setLevel(logging.WARNING)
         from mlflow import MlflowClient  # noqa: PLC0415  (the module's docstring says why here)
-        return cls(who, MlflowClient(tracking_uri=uri), environ)
+        try:
+            return MlflowClient(tracking_uri=uri)
+        except Exception as error:  # noqa: BLE001  (any failure of the store: tracking must not stop training)
+            self.warn("opening the tracking store", error)
+            return None
 
     @property
     def on(self) -> bool:
@@ -83,11 +93,15 @@ class Tracking:
         try:
             return call()
         except Exception as error:  # noqa: BLE001  (any failure of the store: tracking must not stop training)
-            first_line = (str(error).strip().splitlines() or [""])[0][:300]
-            print(f"{self.who}: warning: MLflow tracking is off for this step: {what} failed: "
-                  f"{type(error).__name__}: {first_line}", file=sys.stderr, flush=True)
+            self.warn(what, error)
             self.client = None
             return None
+
+    def warn(self, what: str, error: Exception) -> None:
+        """The one line a failing store costs the step."""
+        first_line = (str(error).strip().splitlines() or [""])[0][:300]
+        print(f"{self.who}: warning: MLflow tracking is off for this step: {what} failed: "
+              f"{type(error).__name__}: {first_line}", file=sys.stderr, flush=True)
 
     # Experiment and runs -----------------------------------------------------------------------------
 
