@@ -101,9 +101,10 @@ class TrackingDatabase(pulumi.ComponentResource):
                 pool, args.namespace, args.kubernetes_service_account)),
             opts=child)
         # The server alone writes artifacts, under its folder of the bucket (the pipeline's own
-        # account holds the bucket; this one holds its folder only).
+        # account holds the bucket; this one holds its folder only). Kept by `pulumi destroy` with the
+        # bucket (infra/gcs.py): GCS refuses to delete a managed folder that holds objects.
         folder = gcp.storage.ManagedFolder(f"{name}-artifacts", bucket=args.bucket, name=ARTIFACTS_FOLDER,
-                                           opts=child)
+                                           opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True))
         gcp.storage.ManagedFolderIamMember(f"{name}-artifacts-admin", bucket=args.bucket,
                                            managed_folder=folder.name, role=STORAGE_ROLE, member=member,
                                            opts=child)

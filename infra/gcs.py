@@ -1,5 +1,9 @@
 """Storage on GKE: a private GCS bucket, and a Google service account that may use it, bound through
-Workload Identity to the Kubernetes service accounts that need it. No key is ever created."""
+Workload Identity to the Kubernetes service accounts that need it. No key is ever created.
+
+The bucket's data outlives the stack: `pulumi destroy` leaves the bucket and what it holds (datasets,
+models, MLflow's artifacts) and forgets it (retain_on_delete); GCS refuses to delete a bucket that holds
+objects, which would stop the destroy there (docs/guides/deploy-gke.md#teardown)."""
 
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ class GcsStorage(pulumi.ComponentResource):
                 {"action": {"type": "Delete"},
                  "condition": {"days_since_noncurrent_time": args.checkpoint_retention_days}},
             ],
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
         )
         account = gcp.serviceaccount.Account(
             f"{name}-service-account", project=args.project, account_id=f"{args.namespace}-storage",

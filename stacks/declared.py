@@ -60,6 +60,8 @@ class Declared:
     delete_before_replace: bool = False
     # Name of its parent (a component, or the stack): it registers, so it is created, after its parent.
     parent: str = ""
+    # `pulumi destroy` leaves it in the cloud and forgets it (ResourceOptions.retain_on_delete).
+    retained_on_delete: bool = False
 
     @property
     def is_kubernetes_object(self) -> bool:

@@ -66,12 +66,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.dependencies: dict[tuple[str, str], frozenset[str]] = {}  # (type, name) -> names
         self.parents: dict[tuple[str, str], str] = {}  # (type, name) -> the parent's name
         self.deleted_before_replaced: set[tuple[str, str]] = set()
+        self.retained_on_delete: set[tuple[str, str]] = set()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         key = (args.typ, args.name)
         self.declared.append(Declared(args.typ, args.name, plain(args.inputs), bool(args.custom),
                                       self.dependencies.get(key, frozenset()),
-                                      key in self.deleted_before_replaced, self.parents.get(key, "")))
+                                      key in self.deleted_before_replaced, self.parents.get(key, ""),
+                                      key in self.retained_on_delete))
         state = dict(args.inputs)
         if args.typ == "command:local:Command":
             state["stdout"] = command_output(args.inputs)
@@ -120,6 +122,8 @@ class RecordingMonitor(MockMonitor):
         self.recording.parents[(request.type, request.name)] = request.parent.rpartition("::")[2]
         if request.deleteBeforeReplace:
             self.recording.deleted_before_replaced.add((request.type, request.name))
+        if request.retainOnDelete:
+            self.recording.retained_on_delete.add((request.type, request.name))
         return super().RegisterResource(request)
 
 

@@ -191,6 +191,17 @@ def test_the_bucket_is_private_versioned_and_forgets_old_checkpoints(gke_stack):
     assert len(policies.cloud_violations([careless, key])) == 4  # the policies are not blind
 
 
+def test_destroy_leaves_the_bucket_and_the_artifacts_folder_with_their_data_and_deletes_the_rest(gke_stack):
+    """GCS refuses to delete a bucket or a managed folder that holds objects (pulumi-gcp 10.2.0 Bucket
+    and ManagedFolder: force_destroy false), so a destroy that tried would stop there; the data is
+    meant to outlive the stack (docs/guides/deploy-gke.md#teardown): both are forgotten, not deleted."""
+    retained = {(r.type, r.name) for r in gke_stack.resources if r.retained_on_delete}
+    assert retained == {(policies.BUCKET, "storage-bucket"),
+                        ("gcp:storage/managedFolder:ManagedFolder", "tracking-database-artifacts")}, retained
+    for resource in gke_stack.resources:
+        assert not resource.inputs.get("forceDestroy"), resource.name  # nothing deletes the data
+
+
 def test_workload_identity_binds_every_account_that_uses_the_bucket(gke_stack):
     (account,) = [a for a in gke_stack.of_type(ACCOUNT) if a.name == "storage-service-account"]
     email = f"{account.inputs['accountId']}@{PROJECT}.iam.gserviceaccount.com"
