@@ -141,6 +141,17 @@ def pulumi_values(stack_file: Path) -> dict[str, str]:
     return values
 
 
+def stack_values(stack_file: Path, **sections: dict) -> dict[str, str]:
+    """The stack file's values with some sections' keys changed, as a user edits it (`pipeline=...`,
+    `cluster=...`; None removes a key)."""
+    values = pulumi_values(stack_file)
+    for section, changes in sections.items():
+        key = f"dist-ml:{section}"
+        merged = {**json.loads(values.get(key, "{}")), **changes}
+        values[key] = json.dumps({k: v for k, v in merged.items() if v is not None})
+    return values
+
+
 def install_mocks(stack: str, values: Mapping[str, str]) -> RecordingMocks:
     """Points the Pulumi runtime at fresh recording mocks with the stack's config `values`."""
     # The runtime schedules its calls on the current event loop; asyncio.run() elsewhere in the

@@ -63,7 +63,7 @@ def placed(tier, local_stack_objects, gke_pools) -> Callable[[str], render.Rende
         delete_all(tier.api, TRAINJOB_API, "TrainJob", JOBSET_NAME_LABEL)
 
 
-def assert_on_pool(tier, pods: list[dict], pools: dict[str, dict], pool: str, gpus: int) -> None:
+def assert_on_pool(pods: list[dict], pools: dict[str, dict], pool: str, gpus: int) -> None:
     """Every pod on a node of `pool`, placed there by Kueue's patch (its pod-set label), tolerating
     exactly that pool's taints and asking for `gpus` GPUs (all of a GPU node's)."""
     for pod in pods:
@@ -97,7 +97,7 @@ def test_a_cpu_variant_runs_on_the_spot_pool_tolerating_its_taint(tier, workflow
     step = train_step(workflow, trainjob(rendered, "g1-train-cnn"))
     pods = running_pods(tier.api, "g1-train-cnn", WORKERS, step=step)
     assert admitted_flavors(tier, "g1-train-cnn") == {flavor_of(rendered)}
-    assert_on_pool(tier, pods, gke_pools, "spot", gpus=0)
+    assert_on_pool(pods, gke_pools, "spot", gpus=0)
     end(tier.api, pods, 0)
     assert step.wait() == 0, step.output
 
@@ -111,7 +111,7 @@ def test_a_gpu_variant_runs_on_the_gpu_pool_and_one_beyond_its_free_gpus_waits_u
     first = train_step(workflow, trainjob(rendered, "g2-a"))
     pods = running_pods(tier.api, "g2-a", WORKERS, step=first)
     assert admitted_flavors(tier, "g2-a") == {flavor_of(rendered)}
-    assert_on_pool(tier, pods, gke_pools, "gpu", gpus=GPU_POOL["acceleratorCount"])
+    assert_on_pool(pods, gke_pools, "gpu", gpus=GPU_POOL["acceleratorCount"])
     second = train_step(workflow, trainjob(rendered, "g2-b"))
     second.says(
         f"g2-b: queued by Kueue in {TRAINING_QUEUE}: Pending: couldn't assign flavors to pod set node: "
@@ -120,7 +120,7 @@ def test_a_gpu_variant_runs_on_the_gpu_pool_and_one_beyond_its_free_gpus_waits_u
     assert not tier.api.list("v1", "Pod", NAMESPACE, label_selector=f"{JOBSET_NAME_LABEL}=g2-b")
     end(tier.api, pods, 0)
     waited = running_pods(tier.api, "g2-b", WORKERS, step=second)
-    assert_on_pool(tier, waited, gke_pools, "gpu", gpus=GPU_POOL["acceleratorCount"])
+    assert_on_pool(waited, gke_pools, "gpu", gpus=GPU_POOL["acceleratorCount"])
     end(tier.api, waited, 0)
     assert [first.wait(), second.wait()] == [0, 0], [first.output, second.output]
 

@@ -20,7 +20,7 @@ import yaml
 
 from common.cluster_target import GPU_RESOURCE  # what GKE's NVIDIA device plugin advertises
 from infra.gke import KUBERNETES_TAINT_EFFECTS, allocatable, machine_size
-from stacks import render
+from stacks import policies, render
 from stacks.kinds.k3d import DOCKER_VM
 
 KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
@@ -187,13 +187,12 @@ GKE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-NODE_POOL_TYPE = "gcp:container/nodePool:NodePool"
 
 
 def gke_nodes(rendered: render.Rendered) -> list[dict]:
     """Every node the gke stack's pools can have (each pool's maxNodes), as GKE registers them."""
     return [node_of_pool(pool.name, pool.inputs, index)
-            for pool in rendered.of_type(NODE_POOL_TYPE)
+            for pool in rendered.of_type(policies.GKE_NODE_POOL)
             for index in range(pool.inputs["autoscaling"]["totalMaxNodeCount"])]
 
 

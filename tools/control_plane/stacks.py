@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import graphlib
-import json
 from typing import Iterator
 
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
@@ -41,14 +40,8 @@ SWAP_SECONDS = 60.0
 
 
 def stack_values(stack: str, **sections: dict) -> dict[str, str]:
-    """Pulumi.<stack>.yaml's values, each of its sections named in `sections` (`pipeline=...`,
-    `cluster=...`) updated with the keys given, as a user edits it (None removes a key)."""
-    values = render.pulumi_values(ROOT / f"Pulumi.{stack}.yaml")
-    for section, changes in sections.items():
-        key = f"dist-ml:{section}"
-        merged = {**json.loads(values.get(key, "{}")), **changes}
-        values[key] = json.dumps({k: v for k, v in merged.items() if v is not None})
-    return values
+    """Pulumi.<stack>.yaml's values with `sections` changed (stacks.render.stack_values)."""
+    return render.stack_values(ROOT / f"Pulumi.{stack}.yaml", **sections)
 
 
 def local_stack(**sections: dict) -> tuple[render.Rendered, str]:
