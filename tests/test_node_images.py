@@ -103,12 +103,6 @@ def test_the_stand_in_is_made_from_the_machines_debian_sources(tmp_path):
     assert argv[-4:] == ["bookworm", str(tmp_path / "rootfs.tar"), *map(str, sources)]
 
 
-def test_archives_are_named_after_their_image_outside_the_clone():
-    archive = images.archive_path("docker.io/dist-ml/trainer:0123456789ab")
-    assert archive.name == "docker.io_dist-ml_trainer_0123456789ab.tar"
-    assert not archive.is_relative_to(REPO_ROOT)
-
-
 @pytest.mark.parametrize(("ci", "status"), [("", 0), ("true", 1)])
 def test_without_buildah_it_says_so_and_fails_only_under_ci(monkeypatch, capsys, ci, status):
     monkeypatch.setenv("CI", ci)
@@ -129,15 +123,6 @@ def test_an_unreachable_debian_mirror_is_unavailable_not_a_build_error(monkeypat
     monkeypatch.setattr(images, "run", unreachable)
     with pytest.raises(build.Unavailable, match="Debian's mirror cannot be reached"):
         images.build_standin()
-
-
-def test_an_images_archives_under_older_tags_are_stale_and_no_other_repositorys(tmp_path, monkeypatch):
-    monkeypatch.setattr(images, "ARCHIVES", tmp_path)
-    for name in ("docker.io/dist-ml/trainer:aaa", "docker.io/dist-ml/trainer:bbb",
-                 "docker.io/dist-ml/trainer-gpu:aaa", "docker.io/dist-ml/serving:aaa"):
-        images.archive_path(name).write_bytes(b"")
-    assert images.stale_archives("docker.io/dist-ml/trainer:bbb") == [
-        images.archive_path("docker.io/dist-ml/trainer:aaa")]
 
 
 def test_argos_executor_image_is_the_one_the_stacks_controller_config_names():

@@ -1,5 +1,7 @@
 """The images the control-plane tier's node runs, built on this machine with buildah (no Docker engine,
-no registry) and exported as archives that containerd loads (`ctr -n k8s.io images import`):
+no registry), which the node's containerd loads from buildah's own storage (`buildah push` of a
+docker-archive to `ctr -n k8s.io images import -`, streamed: an archive on disk would be a third copy
+of every image's gigabytes):
 
 - a STAND-IN for python:3.11-slim, which no registry here serves: Debian bookworm's own Python 3.11
   (python3, python3-pip, python-is-python3, passwd for useradd, ca-certificates), laid out by
@@ -22,9 +24,9 @@ no registry) and exported as archives that containerd loads (`ctr -n k8s.io imag
     python -m tools.control_plane.images [IMAGE ...]   # all, or those named: trainer, pause, busybox, ...
 
 It runs outside the tier's namespaces: pip needs PyPI in the Dockerfiles' RUN steps (--network host).
-Caches are outside the clone: buildah's storage (its layer cache, --layers) and, under
-~/.cache/dist-ml/images, the archives, each reused while its image's ID is unchanged. A warm run
-builds every layer from the cache and exports nothing. Prints a line per image.
+Caches are outside the clone: buildah's storage (its layer cache, --layers) and ~/.cache/dist-ml/images
+(the stand-in's and the programs' build contexts). A warm run builds every layer from the cache.
+Prints a line per image.
 
 Under CI=true a missing buildah, mmdebstrap, gcc, busybox-static or an unreachable PyPI or Debian
 mirror fails, naming it; elsewhere it says so and exits 0, and the caller skips
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
 import hashlib
 import json
 import os
@@ -58,7 +59,6 @@ from tools.control_plane import build, components
 from tools.control_plane.build import ROOT, BuildError, Unavailable, in_ci
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-ml" / "images"
-ARCHIVES = CACHE / "archives"
 BUILDAH_TIMEOUT_SECONDS = 3600
 BUILDAH_ROLE = "it builds the tier's images"  # said when it is missing
 # Every build: the layer cache, and no working container left behind by a failed one.
@@ -106,7 +106,7 @@ class NodeImage:
     """An image as the node's containerd gets it."""
 
     name: str  # fully qualified, as the kubelet asks for it
-    archive: Path  # `ctr -n k8s.io images import` loads it under `name`
+    image_id: str  # buildah's ID of the build: the node's store reloads `name` when it changes
 
 
 def qualified(ref: str) -> str:
@@ -390,48 +390,28 @@ def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
 def program_images(built_programs: list[build.Built], say=print) -> list[NodeImage]:
     """The upstream programs' images, from the static programs the tier's Go build made."""
     by_component = {item.name: item for item in built_programs}
-    exported = []
+    ready = []
     for component, image in PROGRAM_IMAGES.items():
         program = by_component[component]
         (binary,) = program.binaries.values()
         name = qualified(image.name(Path(program.module_dir)))
         built(name, functools.partial(build_program_image, image, name, Path(binary)), say)
-        exported.append(NodeImage(name, export(name)))
-    return exported
+        ready.append(node_image(name))
+    return ready
 
 
-# --- Export and the whole ----------------------------------------------------------------------------
+# --- The node's view and the whole -------------------------------------------------------------------------
 
-def archive_path(name: str) -> Path:
-    return ARCHIVES / (re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".tar")
-
-
-def export(name: str) -> Path:
-    """`name` as a docker-archive carrying its name, reused while the image's ID is the one it was made
-    from."""
-    archive, identity = archive_path(name), image_id(name)
-    stamp = archive.with_suffix(".id")
-    if archive.is_file() and stamp.is_file() and stamp.read_text() == identity:
-        return archive
-    ARCHIVES.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_suffix(".partial")
-    partial.unlink(missing_ok=True)
-    buildah("push", "--quiet", name, f"docker-archive:{partial}:{name}")
-    partial.replace(archive)
-    stamp.write_text(identity or "")
-    for stale in stale_archives(name):  # gigabytes each: every code change is a new tag
-        stale.unlink(missing_ok=True)
-        stale.with_suffix(".id").unlink(missing_ok=True)
-    return archive
+def node_image(name: str) -> NodeImage:
+    identity = image_id(name)
+    if identity is None:
+        raise BuildError(f"buildah holds no image {name} after building it")
+    return NodeImage(name, identity)
 
 
-def stale_archives(name: str) -> list[Path]:
-    """The archives of `name`'s repository under another tag."""
-    repository, _, _ = name.rpartition(":")
-    prefix = archive_path(repository + ":").name.removesuffix(".tar")
-    current = archive_path(name)
-    return [path for path in ARCHIVES.glob(f"{glob.escape(prefix)}*.tar")
-            if path != current and "_" not in path.name.removeprefix(prefix)]
+def export_argv(name: str) -> list[str]:
+    """`name` as a docker-archive carrying its name, on standard output."""
+    return [require("buildah", BUILDAH_ROLE), "push", "--quiet", name, f"docker-archive:/dev/stdout:{name}"]
 
 
 def image_names(pause: PauseSource) -> dict[str, str]:
@@ -445,8 +425,8 @@ def image_names(pause: PauseSource) -> dict[str, str]:
 
 
 def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
-    """Builds and exports the node's images (all, or those `only` names), each with the name the kubelet
-    asks for and its archive. Raises Unavailable for what this machine lacks, BuildError for a build
+    """Builds the node's images (all, or those `only` names), each with the name the kubelet asks for and
+    its ID. Raises Unavailable for what this machine lacks, BuildError for a build
     that failed."""
     require("buildah", BUILDAH_ROLE)
     module_dir, version = kubernetes_source()
@@ -460,27 +440,27 @@ def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
         check_pypi()
         built(STANDIN, build_standin, say)
     makers = {"pause": lambda: build_pause(pause), "busybox": build_helper}
-    exported = []
+    ready = []
     for key in chosen:
         name = names[key]
         built(name, makers.get(key) or functools.partial(build_project, key, name), say)
-        exported.append(NodeImage(name, export(name)))
-    return exported
+        ready.append(node_image(name))
+    return ready
 
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
     try:
-        exported = build_images(tuple(argv))
+        ready = build_images(tuple(argv))
     except Unavailable as missing:
         print(f"images: cannot build the tier's images: {missing}", file=sys.stderr)
         return 1 if in_ci() else 0
     except (BuildError, components.PinError) as error:
         print(f"images: {error}", file=sys.stderr)
         return 1
-    for image in exported:
-        print(f"images: {image.name} -> {image.archive}")
-    print(f"images: {len(exported)} images ready in {time.monotonic() - started:.0f} s")
+    for image in ready:
+        print(f"images: {image.name} ({image.image_id[:12]})")
+    print(f"images: {len(ready)} images ready in {time.monotonic() - started:.0f} s")
     return 0
 
 

@@ -8,9 +8,10 @@
   domain the stacks assume (cluster.local) on the bridge's address, the node's DNS for its pods.
 
 Everything lives under the tier's directory (containerd's state, the kubelet's, the CNI's address
-leases) but the images: tools/control_plane/images.py builds and caches their archives outside the
-clone, and containerd imports them at start under the names the rendered stack uses into a root shared
-by the tiers of this machine one at a time (SHARED_ROOT), so that a warm run imports nothing.
+leases) but the images: tools/control_plane/images.py builds them in buildah's storage outside the
+clone, and containerd imports them at start, streamed from buildah, under the names the rendered stack
+uses into a root shared by the tiers of this machine one at a time (SHARED_ROOT), so that a warm run
+imports nothing.
 
 The node registers with a client certificate of `system:node:<name>` (the API server's Node authorizer
 and NodeRestriction judge it, as on a kubeadm node); kube-proxy as `system:kube-proxy` (bound by the
@@ -63,7 +64,7 @@ CNI_BIN_DIR = "/usr/lib/cni"
 RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables")
 RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins")
 CGROUPS = Path("/sys/fs/cgroup")
-# containerd's root that tiers share, one at a time, outside the clone beside the images' archives.
+# containerd's root that tiers share, one at a time, outside the clone beside the images' build cache.
 SHARED_ROOT = node_images.CACHE.parent / "node-containerd"
 CGROUP_REMOVE_SECONDS = 10.0
 START_SECONDS = 120.0
@@ -80,11 +81,11 @@ IMAGES_MANIFEST = CACHE / "node-images.json"
 
 @dataclasses.dataclass(frozen=True)
 class NodeImages:
-    archives: list[tuple[str, Path]]  # (the name the kubelet asks for, its archive)
+    built: list[tuple[str, str]]  # (the name the kubelet asks for, buildah's ID of the image)
 
     @property
     def pause(self) -> str:
-        (name,) = [name for name, _ in self.archives if name.startswith(node_images.PAUSE_REPOSITORY + ":")]
+        (name,) = [name for name, _ in self.built if name.startswith(node_images.PAUSE_REPOSITORY + ":")]
         return name
 
     @property
@@ -93,13 +94,13 @@ class NodeImages:
 
 
 def write_images(built: list[node_images.NodeImage]) -> None:
-    IMAGES_MANIFEST.write_text(json.dumps([[image.name, str(image.archive)] for image in built], indent=2))
+    IMAGES_MANIFEST.write_text(json.dumps([[image.name, image.image_id] for image in built], indent=2))
 
 
 def read_images() -> NodeImages | None:
     if not IMAGES_MANIFEST.is_file():
         return None
-    return NodeImages([(name, Path(archive)) for name, archive in json.loads(IMAGES_MANIFEST.read_text())])
+    return NodeImages([(name, identity) for name, identity in json.loads(IMAGES_MANIFEST.read_text())])
 
 
 def real_root(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
@@ -410,26 +411,43 @@ class RealNode:
                  timeout=30)
 
     def _import_images(self) -> None:
-        """Each archive imported, but one the store already holds from the same build (its exporter's
-        stamp: the image's ID)."""
+        """Each image imported, but one the store already holds from the same build (buildah's ID)."""
         record = self.root / "dist-ml-imported.json"
         imported = json.loads(record.read_text()) if record.is_file() else {}
-        for image, archive in self.images.archives:
-            stamp = archive.with_suffix(".id")
-            built = stamp.read_text() if stamp.is_file() else None
-            if built is not None and imported.get(image) == built:
+        for image, built in self.images.built:
+            if imported.get(image) == built:
                 self.say(f"control-plane: node image {image} (in the store)")
                 continue
             started = time.monotonic()
-            self.ctr("images", "import", "--no-unpack", str(archive))
+            self._import_from_buildah(image)
             imported[image] = built
             record.write_text(json.dumps(imported, indent=2))
             self.say(f"control-plane: node image {image} loaded in {time.monotonic() - started:.0f} s")
-        current = {image for image, _ in self.images.archives}
+        current = {image for image, _ in self.images.built}
         for stale in set(self.ctr("images", "list", "--quiet").split()) - current:
             if not stale.startswith("sha256:"):  # the store's own digests go with their names
                 self.ctr("images", "remove", stale)
         record.write_text(json.dumps({image: imported.get(image) for image in current}, indent=2))
+
+    def _import_from_buildah(self, image: str) -> None:
+        """buildah's docker-archive of `image` piped into `ctr images import -`."""
+        export_log = self.directory / "logs" / "image-export.log"
+        export_log.parent.mkdir(parents=True, exist_ok=True)
+        with export_log.open("w") as errors:
+            exporter = subprocess.Popen(node_images.export_argv(image), stdout=subprocess.PIPE, stderr=errors)
+            try:
+                done = subprocess.run(
+                    ["ctr", "--address", str(self.socket), "--namespace", "k8s.io",
+                     "images", "import", "--no-unpack", "-"],
+                    stdin=exporter.stdout, capture_output=True, text=True, timeout=IMPORT_SECONDS,
+                )
+            finally:
+                exporter.stdout.close()
+                exported = exporter.wait(timeout=IMPORT_SECONDS)
+        if exported != 0:
+            raise StartError(f"buildah push {image}: {export_log.read_text().strip()}")
+        if done.returncode != 0:
+            raise StartError(f"ctr images import {image}: {done.stderr.strip()}")
 
     def _client(self, name: str, common_name: str, organization: str | None) -> Path:
         pair = tier_pki.issue_client(self.pki, self.directory / "pki", name, common_name, organization)
@@ -495,7 +513,7 @@ class RealNode:
         self.say(
             f"control-plane: node {self.name}: kubelet and kube-proxy {versions['kubelet']}, "
             f"{runtime_versions()}, CoreDNS {versions['coredns']} ({CLUSTER_DOMAIN}); images: "
-            + ", ".join(name for name, _ in self.images.archives)
+            + ", ".join(name for name, _ in self.images.built)
         )
 
     def stop(self) -> None:
