@@ -6,6 +6,7 @@ server's runs and `champion`; then a second run whose ingest is memoized."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import requests
 from prometheus_scrape import file_targets, listening_port, write_targets
 
 from common import tracking_names
-from common.cluster_names import predictor_deployment_name
+from common.cluster_names import ISVC_LABEL, predictor_deployment_name
 from engines.trainjob import JOBSET_NAME_LABEL, NODE_CONTAINER, RESTART_ATTEMPT_LABEL
 from infra.monitoring import prometheus_url
 from pipeline import argo
@@ -377,9 +378,9 @@ def test_the_predictor_scales_from_one_replica_to_two_on_requests_in_flight_and_
 # --- What will never serve: the serve step says so within a minute, in the kubelet's words -------------
 
 STEP_ACCOUNT = "dist-ml-pipeline"  # Pulumi.local.yaml's pipeline.serviceAccountName
-FAILS_WITHIN_SECONDS = 60.0
-STARTS_WITHIN_SECONDS = 30.0  # KServe's Deployment and the predictor's pod on this node
+FAILS_WITHIN_SECONDS = 60.0  # from the kubelet's first warning about the predictor's pod
 STEP_SECONDS = 240.0
+HISTORY_POLL_SECONDS = 1.0
 
 
 def serve_manifest(api, version: str) -> dict:
@@ -402,9 +403,63 @@ def broken_probe(container: dict) -> str:
 
 
 def broken_memory(container: dict) -> str:
-    container["resources"] = {"requests": {"cpu": "250m", "memory": "96Mi"},
-                              "limits": {"cpu": "1", "memory": "96Mi"}}  # TensorFlow alone needs more
+    # Below what Python itself needs at its start: the kernel kills it within a second. A limit that
+    # TensorFlow's import crosses later (96Mi) has the kernel reclaim its libraries' pages and read them
+    # again for minutes first (measured: 80 s to the kill at 96Mi, none in 120 s at 32Mi): no signal
+    # for the step until then.
+    container["resources"] = {"requests": {"cpu": "250m", "memory": "10Mi"},
+                              "limits": {"cpu": "1", "memory": "10Mi"}}
     return "OOMKilled"
+
+
+class PodHistory(threading.Thread):
+    """What the API server said of the pods labelled `selector`, once a second: each container's state
+    when it changed, and the kubelet's warnings about them, to tell a late kubelet from a late step."""
+
+    def __init__(self, api, selector: str) -> None:
+        super().__init__(daemon=True)
+        self.api, self.selector, self.stop = api, selector, threading.Event()
+        self.lines: list[str] = []
+        self.first_warning: float | None = None  # epoch seconds, the kubelet's clock
+
+    def run(self) -> None:
+        last: dict[str, str] = {}
+        while not self.stop.wait(HISTORY_POLL_SECONDS):
+            pods = self.api.list("v1", "Pod", NAMESPACE, label_selector=self.selector)
+            for pod in pods:
+                for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                    key, seen = f"{pod['metadata']['name']}/{status['name']}", container_state(status)
+                    if last.get(key) != seen:
+                        self.lines.append(f"{time.strftime('%H:%M:%S')} {key}: {seen}")
+                        last[key] = seen
+            names = {pod["metadata"]["name"] for pod in pods}
+            for event in self.api.list("v1", "Event", NAMESPACE, field_selector="type=Warning"):
+                if event["involvedObject"]["name"] in names and from_kubelet(event):
+                    stamp = event.get("firstTimestamp") or event["eventTime"]
+                    at = datetime.datetime.fromisoformat(stamp).timestamp()
+                    if self.first_warning is None or at < self.first_warning:
+                        self.first_warning = at
+                        self.lines.append(f"{time.strftime('%H:%M:%S')} the kubelet's first warning "
+                                          f"({stamp}): {event['reason']}: {event['message']}")
+
+    def __enter__(self) -> PodHistory:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop.set()
+        self.join()
+
+
+def from_kubelet(event: dict) -> bool:
+    return "kubelet" in ((event.get("source") or {}).get("component"), event.get("reportingComponent"))
+
+
+def container_state(status: dict) -> str:
+    (state, detail), = ((key, value) for key, value in (status.get("state") or {}).items() if value)
+    last = ((status.get("lastState") or {}).get("terminated") or {}).get("reason")
+    return (f"{state} {(detail or {}).get('reason') or ''} restarts={status.get('restartCount')}"
+            f"{' last=' + last if last else ''}")
 
 
 @pytest.mark.parametrize("breaks", [broken_image, broken_probe, broken_memory],
@@ -419,18 +474,24 @@ def test_a_predictor_that_will_never_serve_fails_the_serve_step_within_a_minute(
     (container,) = manifest["spec"]["predictor"]["containers"]
     expected = breaks(container)
     kubeconfig = cluster.kubeconfig_for(NAMESPACE, STEP_ACCOUNT, f"serve-{breaks.__name__}")
-    started = time.monotonic()
-    step = subprocess.run(
-        [sys.executable, "-m", "cluster_steps.release", "deploy", "--namespace", NAMESPACE,
-         "--canary-percent", "0", "--timeout-seconds", str(int(STEP_SECONDS)),
-         "--version-file", str(tmp_path / "version"), "--manifest", json.dumps(manifest)],
-        cwd=ROOT, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True,
-        timeout=STEP_SECONDS + 60)
-    seconds = time.monotonic() - started
-    said = (step.stdout + step.stderr).strip()
-    say(f"{breaks.__name__}: the serve step ended {step.returncode} after {seconds:.0f} s: {said[-400:]}")
-    assert step.returncode != 0 and re.search(expected, said), said
-    # KServe's reconcile and the pod's start come before the minute the step has to tell.
-    assert seconds < FAILS_WITHIN_SECONDS + STARTS_WITHIN_SECONDS, seconds
     name = manifest["metadata"]["name"]
+    started = time.monotonic()
+    with PodHistory(cluster.api, f"{ISVC_LABEL}={name}") as history:
+        step = subprocess.run(
+            [sys.executable, "-m", "cluster_steps.release", "deploy", "--namespace", NAMESPACE,
+             "--canary-percent", "0", "--timeout-seconds", str(int(STEP_SECONDS)),
+             "--version-file", str(tmp_path / "version"), "--manifest", json.dumps(manifest)],
+            cwd=ROOT, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True,
+            timeout=STEP_SECONDS + 60)
+        ended = time.time()
+    said = (step.stdout + step.stderr).strip()
+    seen = "\n".join(history.lines)
+    seconds = time.monotonic() - started
+    say(f"{breaks.__name__}: the serve step ended {step.returncode} after {seconds:.0f} s: {said[-400:]}")
+    say(seen)
+    assert step.returncode != 0 and re.search(expected, said), f"{said}\n{seen}"
+    # The promise: a minute from the kubelet's word (KServe's reconcile and the pod's start, slower on a
+    # loaded machine, come before it). The event's time has the API server's whole seconds.
+    assert history.first_warning is not None, seen
+    assert ended - history.first_warning < FAILS_WITHIN_SECONDS + 1, seen
     cluster.api.delete("serving.kserve.io/v1beta1", "InferenceService", name, NAMESPACE)
