@@ -4,7 +4,8 @@ lets only the pipeline's namespace reach it; nothing outside the cluster does (`
 for a person, as for the model).
 
 The server proxies artifacts (`--serve-artifacts`), so training pods need no rights on where they
-land. Its backend, by cluster kind:
+land. An init container migrates its database (`mlflow db upgrade`) before the server starts, so a
+new MLflow in the image finds the schema it expects. Its backend, by cluster kind:
 - `VolumeBackend` (k3d): SQLite and the artifacts on a volume of its own, one replica, recreated
   rather than rolled (two servers must never write one SQLite file). A PostgreSQL in the cluster would
   be a second stateful service to run for one user's runs; SQLite on a volume keeps them as well.
@@ -31,6 +32,7 @@ from infra.awaits import SKIP_AWAIT
 from pipeline.config import Resources
 
 SERVER_ACCOUNT = "dist-ml-mlflow"
+MIGRATE_CONTAINER = "migrate-database"
 SERVER_RESOURCES = Resources(requests={"cpu": "100m", "memory": "512Mi"},
                              limits={"cpu": "1", "memory": "1536Mi"})
 # MLflow 3.17.2's server starts a job runner for its GenAI jobs (online scoring, trace archival) by
@@ -100,6 +102,19 @@ def postgres_uri(database_user: str, database: str) -> str:
     return f"postgresql://{user}@127.0.0.1:{CLOUD_SQL_PROXY_PORT}/{database}"
 
 
+def migrate_container(image: str, backend_uri: str) -> dict:
+    """`mlflow db upgrade` of the server's database, before the server starts: `mlflow server` creates
+    the tables of an empty database but refuses one an older MLflow left ("out-of-date database schema"),
+    so every upgrade of the image would stop the server until someone migrated by hand. MLflow's command
+    creates an empty database's tables and migrates an older one; a current one it leaves as it is."""
+    return {
+        "name": MIGRATE_CONTAINER, "image": image, "imagePullPolicy": "IfNotPresent",
+        "command": ["mlflow", "db", "upgrade", backend_uri],
+        "resources": SERVER_RESOURCES.as_manifest(),
+        "securityContext": container_security_context(),
+    }
+
+
 def server_container(image: str, args: list[str]) -> dict:
     probe = {"httpGet": {"path": "/health", "port": "http"}}
     return {
@@ -107,7 +122,7 @@ def server_container(image: str, args: list[str]) -> dict:
         "env": [{"name": name, "value": value} for name, value in SERVER_ENV.items()],
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
         "resources": SERVER_RESOURCES.as_manifest(),
-        # A new database is migrated before the server listens: minutes at most.
+        # Its import and its workers' start: the database is migrated before the container starts.
         "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
         "readinessProbe": {**probe, "periodSeconds": 10},
         "livenessProbe": {**probe, "periodSeconds": 20, "failureThreshold": 3},
@@ -135,18 +150,22 @@ def cloud_sql_proxy(connection_name: str) -> dict:
 
 def volume_pod(image: str, namespace: str, claim: str) -> dict:
     data = {"name": "data", "mountPath": DATA_DIR}
-    container = server_container(image, server_command(
-        namespace, f"sqlite:///{DATA_DIR}/mlflow.db", f"{DATA_DIR}/artifacts"))
-    return {"containers": [{**container, "volumeMounts": [data]}],
+    backend = f"sqlite:///{DATA_DIR}/mlflow.db"
+    container = server_container(image, server_command(namespace, backend, f"{DATA_DIR}/artifacts"))
+    return {"initContainers": [{**migrate_container(image, backend), "volumeMounts": [data]}],
+            "containers": [{**container, "volumeMounts": [data]}],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
             "securityContext": pod_security_context(IMAGE_USER)}  # SQLite and artifacts on the claim
 
 
 def cloud_sql_pod(image: str, namespace: str, connection_name: str, database_user: str, database: str,
                   artifacts: str) -> dict:
-    return {"securityContext": pod_security_context(), "initContainers": [cloud_sql_proxy(connection_name)],
-            "containers": [server_container(image, server_command(
-                namespace, postgres_uri(database_user, database), artifacts))]}
+    # The proxy first: a native sidecar has started (its startup probe passed) before the next init
+    # container, the migration, runs through it.
+    backend = postgres_uri(database_user, database)
+    return {"securityContext": pod_security_context(),
+            "initContainers": [cloud_sql_proxy(connection_name), migrate_container(image, backend)],
+            "containers": [server_container(image, server_command(namespace, backend, artifacts))]}
 
 
 def deployment_spec(pod: dict, labels: dict, single_writer: bool) -> dict:

@@ -750,14 +750,16 @@ def test_the_tracking_server_reaches_cloud_sql_privately_as_its_own_identity_wit
     assert policies.private_databases(gke_stack.resources) == []
     (server,) = [d for d in objects_of(gke_stack, "Deployment") if d["metadata"]["name"] == SERVER_NAME]
     pod = server["spec"]["template"]["spec"]
-    (proxy,) = pod["initContainers"]
-    assert proxy["restartPolicy"] == "Always"  # a native sidecar: up before the server, down after
+    proxy, migrate = pod["initContainers"]
+    assert proxy["restartPolicy"] == "Always"  # a native sidecar: up before the migration and the server
     assert {"--private-ip", "--auto-iam-authn"} <= set(proxy["args"])
     (mlflow,) = pod["containers"]
     args = {flag: mlflow["args"][i + 1] for i, flag in enumerate(mlflow["args"][:-1])
             if flag.startswith("--")}
     assert args["--backend-store-uri"] == (
         f"postgresql://dist-ml-mlflow%40{PROJECT}.iam@127.0.0.1:5432/mlflow")  # no password in it
+    assert migrate["command"] == ["mlflow", "db", "upgrade", args["--backend-store-uri"]]
+    assert "restartPolicy" not in migrate and migrate["image"] == mlflow["image"]
     assert args["--artifacts-destination"] == f"gs://{PROJECT}-dist-ml/mlflow"
     accounts = {o["metadata"]["name"]: o for o in objects_of(gke_stack, "ServiceAccount")}
     assert accounts["dist-ml-mlflow"]["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == (

@@ -220,6 +220,9 @@ def test_the_tracking_server_keeps_sqlite_on_a_volume_of_its_own_one_writer_at_a
     args = {flag: container["args"][i + 1] for i, flag in enumerate(container["args"][:-1])
             if flag.startswith("--")}
     assert args["--backend-store-uri"] == "sqlite:////mlflow/mlflow.db"
+    (migrate,) = server["spec"]["template"]["spec"]["initContainers"]  # before the server, on its volume
+    assert migrate["command"] == ["mlflow", "db", "upgrade", args["--backend-store-uri"]]
+    assert migrate["volumeMounts"] == container["volumeMounts"] and migrate["image"] == container["image"]
     claims = {c["metadata"]["name"]: c for c in objects_of(default_stack, "PersistentVolumeClaim")}
     assert claims["mlflow"]["spec"]["accessModes"] == ["ReadWriteOnce"]
     (policy,) = objects_of(default_stack, "NetworkPolicy")

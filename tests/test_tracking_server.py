@@ -6,9 +6,13 @@ server that refuses connections costs each step one warning line and the run not
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import shutil
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -22,7 +26,8 @@ from conftest import run_module
 from mlflow import MlflowClient
 
 from common import tracking_names as names
-from infra.tracking import SERVER_ENV, SERVER_RESOURCES, server_command
+from infra.tracking import DATA_DIR, MIGRATE_CONTAINER, SERVER_ENV, SERVER_RESOURCES, volume_pod
+from testdata import mlflow_store
 from tools import virtualenvs
 
 pytestmark = pytest.mark.slow  # builds the server's virtualenv, starts it, trains
@@ -43,14 +48,30 @@ def loopback(args: list[str]) -> list[str]:
     return changed
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[tuple[str, Path, int]]:
-    """The server's URL (the port uvicorn reports having bound), its artifact directory and its pid."""
-    mlflow_command = virtualenvs.image_python("tracking-server").parent / "mlflow"
-    data = tmp_path_factory.mktemp("tracking-server")
-    args = loopback(server_command(NAMESPACE, f"sqlite:///{data}/mlflow.db", str(data / "artifacts")))
-    process = subprocess.Popen([str(mlflow_command), "server", *args], cwd=data, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env={**os.environ, **SERVER_ENV})
+def mlflow_command() -> Path:
+    return virtualenvs.image_python("tracking-server").parent / "mlflow"
+
+
+def local_pod(data: Path) -> dict:
+    """The local stack's server pod, its volume at `data`."""
+    pod = volume_pod("dist-ml/tracking-server", NAMESPACE, names.SERVER_NAME)
+    return json.loads(json.dumps(pod).replace(f'{DATA_DIR}/', f"{data}/"))
+
+
+def migrate(pod: dict, data: Path) -> subprocess.CompletedProcess:
+    """The pod's migration, as its init container runs it."""
+    (migration,) = [c for c in pod["initContainers"] if c["name"] == MIGRATE_CONTAINER]
+    command = [str(mlflow_command()), *migration["command"][1:]]
+    return subprocess.run(command, cwd=data, capture_output=True, text=True, timeout=START_SECONDS)
+
+
+@contextlib.contextmanager
+def running_server(pod: dict, data: Path) -> Iterator[tuple[str, int]]:
+    """The pod's server, on loopback; yields its URL (the port uvicorn reports having bound) and pid."""
+    (container,) = pod["containers"]
+    process = subprocess.Popen([str(mlflow_command()), "server", *loopback(container["args"])], cwd=data,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **SERVER_ENV})
     port: list[int] = []
     log: list[str] = []
 
@@ -67,10 +88,22 @@ def server(tmp_path_factory) -> Iterator[tuple[str, Path, int]]:
         while not port and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert port, "mlflow server did not start:\n" + "".join(log[-30:])
-        yield f"http://127.0.0.1:{port[0]}", data / "artifacts", process.pid
+        yield f"http://127.0.0.1:{port[0]}", process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[str, Path, int]]:
+    """The server as its pod starts it on an empty volume, migration first: its URL, its artifact
+    directory and its pid."""
+    data = tmp_path_factory.mktemp("tracking-server")
+    pod = local_pod(data)
+    migrated = migrate(pod, data)
+    assert migrated.returncode == 0, migrated.stderr
+    with running_server(pod, data) as (url, pid):
+        yield url, data / "artifacts", pid
 
 
 def process_tree(pid: int) -> list[int]:
@@ -126,6 +159,40 @@ def test_the_local_engine_trains_and_publishes_through_the_server(server, sample
     # A server takes a local path as a source only inside its run's artifacts: selection's run stands for it.
     assert champion.source == f"runs:/{runs['select'].info.run_id}/selection.json"
     assert champion.tags[names.TRAINING_RUNS_TAG] == training.info.run_id
+
+
+def schema_revision(data: Path) -> str:
+    with contextlib.closing(sqlite3.connect(data / "mlflow.db")) as database:
+        ((revision,),) = database.execute("SELECT version_num FROM alembic_version").fetchall()
+    return revision
+
+
+def test_the_pods_migration_brings_an_older_mlflows_store_to_the_schema_of_its_own(tmp_path):
+    """A store MLflow 2.17.2 left (testdata/mlflow_store.py), after the init container's `mlflow db
+    upgrade`: at the revision the image's MLflow gives a new store, before the server starts (MLflow
+    3.17's server would otherwise migrate it while its startup probe counts, and refuse a store whose
+    tables are all there at an older revision); again on the next start, a no-op; then the server
+    serves the old run, its metric's steps and the version under its alias."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir(), old.mkdir()
+    assert migrate(local_pod(new), new).returncode == 0
+    shutil.copy(mlflow_store.STORE, old / "mlflow.db")
+    assert schema_revision(old) != schema_revision(new)
+    pod = local_pod(old)
+    for start in ("first", "next"):
+        migrated = migrate(pod, old)
+        assert migrated.returncode == 0, f"{start}: {migrated.stderr}"
+        assert schema_revision(old) == schema_revision(new), start
+    with running_server(pod, old) as (url, _):
+        client = MlflowClient(tracking_uri=url, registry_uri=url)
+        experiment = client.get_experiment_by_name(mlflow_store.EXPERIMENT)
+        (run,) = client.search_runs([experiment.experiment_id])
+        assert (run.info.run_name, run.info.status) == (mlflow_store.RUN_NAME, "FINISHED")
+        assert run.data.params == dict([mlflow_store.PARAM])
+        history = client.get_metric_history(run.info.run_id, mlflow_store.METRIC)
+        assert {metric.step: metric.value for metric in history} == mlflow_store.METRIC_STEPS
+        champion = client.get_model_version_by_alias(mlflow_store.MODEL, mlflow_store.ALIAS)
+        assert champion.run_id == run.info.run_id
 
 
 def test_only_the_hosts_the_clusters_pods_call_are_answered(server):
