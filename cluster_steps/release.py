@@ -537,7 +537,8 @@ def track_rollout(cluster: RolloutApi, namespace: str, model_name: str, tracked:
         return
     stable, canary_version = served_versions(cluster, namespace, model_name)
     if stable is not None:
-        tracking.follow_rollout(tracked, model_name, stable, canary_version)
+        repository = tracking.repository_of(storage_uri(cluster.get_inference_service(namespace, model_name)))
+        tracking.follow_rollout(tracked, model_name, repository, stable, canary_version)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -26,6 +26,7 @@ import requests
 from PIL import Image
 
 from pipeline.config import PipelineConfig
+from pipeline.definition import Layout
 from serving import client
 from serving.canary import Decision, Evidence, Policy, decide, evidence_by_version
 from trainer import model_repository, tracking
@@ -56,7 +57,13 @@ def policy(config: PipelineConfig) -> Policy:
 
 
 def model_base(config: PipelineConfig) -> Path:
-    return Path(config.storage_root) / "models" / config.model_name
+    return Path(Layout(config.storage_root).models) / config.model_name
+
+
+def release_repository(base: Path) -> str:
+    """Where selection registered the versions served from `base` (`<root>/models/<name>`): their
+    releases, `<root>/releases/<name>`, as a file URI (trainer.select.track)."""
+    return (Path(Layout(str(base.parent.parent)).releases) / base.name).resolve().as_uri()
 
 
 def starting_state(base: Path, published: int | None, canary_percent: int) -> RolloutState | None:
@@ -145,7 +152,7 @@ def serve_state(base: Path, state: RolloutState, tracked: tracking.Tracking) -> 
     """Writes what is served, which the server's version watcher follows, and moves MLflow's aliases
     to it (`champion` the stable version, `challenger` the canary)."""
     model_repository.write_rollout(base, state)
-    tracking.follow_rollout(tracked, base.name, state.stable, state.canary)
+    tracking.follow_rollout(tracked, base.name, release_repository(base), state.stable, state.canary)
 
 
 def settle(base: Path, state: RolloutState, promote: bool, tracked: tracking.Tracking = tracking.OFF

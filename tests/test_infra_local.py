@@ -3,15 +3,19 @@ valid against the real schemas, the policies, and bad config stopping before any
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import stack_checks
 from conftest import REPO_ROOT, run_module
 from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
 
+from cluster_steps.inference_service import storage_uri
 from common.cluster_target import K3S_IMAGE, KUBERNETES_MINOR, STORAGE_CLAIM_NAME
 from pipeline.config import ConfigError
 from stacks import policies, render
 from stacks.config import parse_stack_config
+from trainer import tracking
 
 STACK_FILE = REPO_ROOT / "Pulumi.local.yaml"
 
@@ -243,3 +247,18 @@ def test_the_images_are_built_on_the_configured_base_else_on_their_dockerfiles_o
     mirror = "mirror.example/library/python:3.11-slim"
     on_mirror = render.render("local", stack_values(images={"baseImage": mirror}))
     assert build_args(on_mirror) == [{"BASE_IMAGE": mirror}] * 3
+
+
+def test_the_rollout_finds_the_version_select_registered_by_the_uri_it_serves(default_stack):
+    """select registers a version under `<its --releases-uri>/<model>/<N>`; the serve step's
+    InferenceService serves a storageUri, and the rollout's aliases follow the versions of that URI's
+    repository (trainer.tracking.registered_versions): the two must name one repository."""
+    (template,) = objects_of(default_stack, "WorkflowTemplate")
+    argv = {t["name"]: t["container"].get("command", []) + t["container"].get("args", [])
+            for t in template["spec"]["templates"] if "container" in t}
+    select, serve = argv["select"], argv["serve"]
+    releases = select[select.index("--releases-uri") + 1]
+    manifest = json.loads(serve[serve.index("--manifest") + 1].replace("{{inputs.parameters.version}}", "7"))
+    model = select[select.index("--model-name") + 1]
+    assert storage_uri(manifest) == f"{releases}/{model}/7"
+    assert tracking.repository_of(storage_uri(manifest)) == f"{releases}/{model}"

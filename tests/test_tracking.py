@@ -48,14 +48,16 @@ def selection(version: int | None, winner: str = "cnn") -> dict:
                             "test_accuracy": 0.7, "test_loss": 0.6} for name in ("cnn", "cnn_gap")]}
 
 
-def publish(env: dict[str, str], repo: Path, version: int, run: str | None = None) -> None:
-    """What select leaves: a committed version, registered with its training run."""
-    version_dir = repo / MODEL / str(version)
+def publish(env: dict[str, str], root: Path, version: int, run: str | None = None) -> None:
+    """What select leaves under a storage root: a committed version in the model repository,
+    registered as its release with its training run."""
+    version_dir = root / "models" / MODEL / str(version)
     version_dir.mkdir(parents=True)
     commit(version_dir)
     runs = {"cnn": run} if run else {}
+    release = model_repository.release_dir(root / "releases", MODEL, version)
     tracking.track_selection(tracking.Tracking.from_environment("select", env), selection(version), runs,
-                             version_dir.as_uri(), [])
+                             release.as_uri(), [])
 
 
 def aliases(env: dict[str, str]) -> dict[str, str]:
@@ -101,7 +103,7 @@ def test_selection_is_a_run_and_the_published_version_is_registered_with_its_lin
     monkeypatch.setenv(names.TRACKING_URI_ENV, store[names.TRACKING_URI_ENV])  # for mlflow.search_runs
     training = tracking.begin_training(tracking.Tracking.from_environment("train", store), "cnn",
                                        tmp_path, {"variant": "cnn"})
-    publish(store, tmp_path / "models", 1, training)
+    publish(store, tmp_path, 1, training)
     (select_run,) = mlflow.search_runs(experiment_names=[MODEL], output_format="list",
                                        filter_string=f"tags.`{names.STEP_TAG}` = 'select'")
     assert select_run.data.params["winner"] == "cnn" and select_run.data.params["published_version"] == "1"
@@ -110,7 +112,7 @@ def test_selection_is_a_run_and_the_published_version_is_registered_with_its_lin
     (version,) = client_of(store).search_model_versions(f"name = '{MODEL}'")
     assert version.run_id == training  # the winner's training run
     assert version.tags[names.VERSION_TAG] == "1" and version.tags[names.TRAINING_RUNS_TAG] == training
-    assert version.source == (tmp_path / "models" / MODEL / "1").as_uri()
+    assert version.source == model_repository.release_dir(tmp_path / "releases", MODEL, 1).as_uri()
     # A retried select registers nothing twice.
     tracking.register_version(tracking.Tracking.from_environment("select", store), MODEL, 1,
                               version.source, training, [training])
@@ -118,13 +120,12 @@ def test_selection_is_a_run_and_the_published_version_is_registered_with_its_lin
 
 
 def test_the_aliases_follow_the_rollout_through_canary_promote_and_rollback(store, tmp_path):
-    repo = tmp_path / "models"
     tracked = tracking.Tracking.from_environment("rollout", store)
-    base = repo / MODEL
-    publish(store, repo, 1)
+    base = tmp_path / "models" / MODEL
+    publish(store, tmp_path, 1)
     local_canary.serve_state(base, RolloutState(1), tracked)
     assert aliases(store) == {names.CHAMPION: "1"}
-    publish(store, repo, 2)
+    publish(store, tmp_path, 2)
     local_canary.serve_state(base, RolloutState(1, 2, 10), tracked)
     assert aliases(store) == {names.CHAMPION: "1", names.CHALLENGER: "2"}
     local_canary.by_hand(base, promote=True, tracked=tracked)
@@ -132,6 +133,28 @@ def test_the_aliases_follow_the_rollout_through_canary_promote_and_rollback(stor
     local_canary.by_hand(base, promote=False, tracked=tracked)  # back to the version before
     assert aliases(store) == {names.CHAMPION: "1"}
     assert model_repository.read_rollout(base) == RolloutState(1)
+
+
+def test_two_storage_roots_on_one_store_never_share_a_version(store, tmp_path):
+    """A laptop's `make demo` and a team's pipeline, each its own model repository, tracked by one
+    store: each root's version 1 is a registered version of its own, and each rollout moves the
+    aliases to its own repository's version."""
+    roots = {name: tmp_path / name for name in ("laptop", "team")}
+    tracked = tracking.Tracking.from_environment("rollout", store)
+    for root in roots.values():
+        publish(store, root, 1)
+    found = client_of(store).search_model_versions(f"name = '{MODEL}'")
+    assert sorted(version.tags[names.URI_TAG] for version in found) == sorted(
+        model_repository.release_dir(root / "releases", MODEL, 1).as_uri() for root in roots.values())
+    for root in roots.values():
+        local_canary.serve_state(root / "models" / MODEL, RolloutState(1), tracked)
+        champion = client_of(store).get_model_version_by_alias(MODEL, names.CHAMPION)
+        assert champion.tags[names.URI_TAG] == local_canary.release_repository(root / "models" / MODEL) + "/1"
+    # The team's canary is the team's; the laptop's rollout without one leaves it alone.
+    publish(store, roots["team"], 2)
+    local_canary.serve_state(roots["team"] / "models" / MODEL, RolloutState(1, 2, 10), tracked)
+    local_canary.serve_state(roots["laptop"] / "models" / MODEL, RolloutState(1), tracked)
+    assert aliases(store) == {names.CHAMPION: "1", names.CHALLENGER: "2"}
 
 
 def closed_port() -> int:
@@ -148,7 +171,7 @@ def test_a_store_that_refuses_is_one_warning_and_the_step_goes_on(tmp_path, caps
     started = time.monotonic()
     assert tracking.begin_training(tracked, "cnn", tmp_path, {"variant": "cnn"}) is None
     tracked.log_metrics("nothing", {"loss": 1.0})
-    tracking.follow_rollout(tracked, MODEL, 1, None)
+    tracking.follow_rollout(tracked, MODEL, (tmp_path / "releases" / MODEL).as_uri(), 1, None)
     assert time.monotonic() - started < tracking.REQUEST_TIMEOUT_SECONDS
     (warning,) = capsys.readouterr().err.strip().splitlines()
     assert warning.startswith("train: warning: MLflow tracking is off for this step: "
@@ -204,8 +227,9 @@ def test_a_store_that_fails_to_open_costs_each_step_one_warning_and_nothing_else
     local_tracking.prepare(env)
     trained = tracking.Tracking.from_environment("train", env)
     assert tracking.begin_training(trained, "cnn", tmp_path, {"variant": "cnn"}) is None
-    publish(env, tmp_path / "models", 1)
-    tracking.follow_rollout(tracking.Tracking.from_environment("rollout", env), MODEL, 1, None)
+    publish(env, tmp_path, 1)
+    tracking.follow_rollout(tracking.Tracking.from_environment("rollout", env), MODEL,
+                            (tmp_path / "releases" / MODEL).as_uri(), 1, None)
     warnings = capsys.readouterr().err.strip().splitlines()
     assert [line.split(":")[0] for line in warnings] == ["pipeline", "train", "select", "rollout"], warnings
     for line in warnings:

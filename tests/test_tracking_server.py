@@ -133,6 +133,7 @@ def test_the_server_as_the_stacks_start_it_fits_its_memory_limit(server):
 
 
 def test_the_local_engine_trains_and_publishes_through_the_server(server, sample_dir, tmp_path, monkeypatch):
+    """Two storage roots, one after the other, as a laptop's runs and a team's would share a server."""
     url, artifacts, _ = server
     root = tmp_path / "root"
     result = run_module("pipeline", "run", "--data-source", str(sample_dir), "--storage-root", str(root),
@@ -159,6 +160,19 @@ def test_the_local_engine_trains_and_publishes_through_the_server(server, sample
     # A server takes a local path as a source only inside its run's artifacts: selection's run stands for it.
     assert champion.source == f"runs:/{runs['select'].info.run_id}/selection.json"
     assert champion.tags[names.TRAINING_RUNS_TAG] == training.info.run_id
+    # A second model repository on the same server (another storage root): its version 1 is its own,
+    # and its rollout moves the champion to it, not to the first repository's version 1.
+    other = tmp_path / "other-root"
+    again = run_module("pipeline", "run", "--data-source", str(sample_dir), "--storage-root", str(other),
+                       *FAST, env={names.TRACKING_URI_ENV: url}, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "published: fmnist version 1" in again.stdout
+    registered = {version.tags[names.URI_TAG]: version.tags[names.VERSION_TAG]
+                  for version in client.search_model_versions("name = 'fmnist'")}
+    released = [(place / "releases" / "fmnist" / "1").resolve().as_uri() for place in (root, other)]
+    assert registered == dict.fromkeys(released, "1")
+    champion = client.get_model_version_by_alias("fmnist", names.CHAMPION)
+    assert champion.tags[names.URI_TAG] == released[1]
 
 
 def schema_revision(data: Path) -> str:

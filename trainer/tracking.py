@@ -204,11 +204,18 @@ def end_training(tracking: Tracking, run_id: str, checkpoint_dir: Path, metrics:
 
 # Selection, the registry and the rollout --------------------------------------------------------------
 
-def registered_versions(client: MlflowClient, model_name: str) -> dict[int, str]:
-    """Our version numbers -> MLflow's, for the versions registered under `model_name`."""
+def repository_of(uri: str) -> str:
+    """The model repository a published version's URI is in: the URI without its last part, the version."""
+    return uri.rstrip("/").rpartition("/")[0]
+
+
+def registered_versions(client: MlflowClient, model_name: str, repository: str) -> dict[int, str]:
+    """Our version numbers -> MLflow's, for the versions of `model_name` published to `repository`: a
+    version is ours by its URI, so another repository's version 1 on the same server is not."""
     found = client.search_model_versions(f"name = '{model_name}'")
-    return {int(version.tags[names.VERSION_TAG]): version.version for version in found
-            if version.tags.get(names.VERSION_TAG, "").isdigit()}
+    return {int(number): version.version for version in found
+            if (number := version.tags.get(names.VERSION_TAG, "")).isdigit()
+            and version.tags.get(names.URI_TAG) == f"{repository.rstrip('/')}/{number}"}
 
 
 def register_version(tracking: Tracking, model_name: str, version: int, uri: str, run_id: str | None,
@@ -217,7 +224,8 @@ def register_version(tracking: Tracking, model_name: str, version: int, uri: str
     its source `uri` in our model repository, linked to the selection's run and the training runs it
     came from; a retried step finds it registered already. MLflow's version number, or None."""
     def register() -> str:
-        if (existing := registered_versions(tracking.client, model_name).get(version)) is not None:
+        ours = registered_versions(tracking.client, model_name, repository_of(uri))
+        if (existing := ours.get(version)) is not None:
             return existing
         try:
             tracking.client.create_registered_model(model_name)
@@ -238,16 +246,19 @@ def register_version(tracking: Tracking, model_name: str, version: int, uri: str
     return tracking.attempt(f"registering version {version} of {model_name}", register)
 
 
-def follow_rollout(tracking: Tracking, model_name: str, stable: int, canary: int | None) -> None:
-    """The aliases as the rollout stands: `champion` on the stable version, `challenger` on the canary
-    (removed when there is none). A version published while tracking was off has no alias to take."""
+def follow_rollout(tracking: Tracking, model_name: str, repository: str, stable: int,
+                   canary: int | None) -> None:
+    """The aliases as the rollout of `repository`'s versions stands: `champion` on the stable version,
+    `challenger` on the canary (removed when there is none, if it named one of ours). A version
+    published while tracking was off has no alias to take."""
     def move() -> None:
-        registered = registered_versions(tracking.client, model_name)
+        registered = registered_versions(tracking.client, model_name, repository)
         if stable in registered:
             tracking.client.set_registered_model_alias(model_name, names.CHAMPION, registered[stable])
         if canary is not None and canary in registered:
             tracking.client.set_registered_model_alias(model_name, names.CHALLENGER, registered[canary])
-        elif registered:
+        elif tracking.client.get_registered_model(model_name).aliases.get(names.CHALLENGER) in (
+                registered.values()):
             try:
                 tracking.client.delete_registered_model_alias(model_name, names.CHALLENGER)
             except Exception as error:  # noqa: BLE001
