@@ -29,6 +29,7 @@ EMBEDDED_ARTIFACTS = "artifacts"
 PIPELINE_RUN_TAG = "dist_ml.pipeline_run"
 STEP_TAG = "dist_ml.step"  # train or select
 VARIANT_TAG = "dist_ml.variant"
+RESTARTED_FROM_TAG = "dist_ml.restarted_from"  # a training that began again at epoch 1: the run it ended
 DECISION_TAG = "dist_ml.decision"  # on selection's run: why it published or kept the served version
 VERSION_TAG = "dist_ml.version"  # our model repository's version number, on an MLflow model version
 URI_TAG = "dist_ml.uri"  # where that version is in our model repository

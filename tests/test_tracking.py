@@ -56,8 +56,10 @@ def publish(env: dict[str, str], root: Path, version: int, run: str | None = Non
     commit(version_dir)
     runs = {"cnn": run} if run else {}
     release = model_repository.release_dir(root / "releases", MODEL, version)
-    tracking.track_selection(tracking.Tracking.from_environment("select", env), selection(version), runs,
-                             release.as_uri(), [])
+    # Each version its pipeline run's: a select step's retries share one run.
+    pipeline_run = {names.PIPELINE_RUN_ENV: f"{root.name}-{version}"}
+    tracking.track_selection(tracking.Tracking.from_environment("select", {**env, **pipeline_run}),
+                             selection(version), runs, release.as_uri(), [])
 
 
 def aliases(env: dict[str, str]) -> dict[str, str]:
@@ -155,6 +157,75 @@ def test_two_storage_roots_on_one_store_never_share_a_version(store, tmp_path):
     local_canary.serve_state(roots["team"] / "models" / MODEL, RolloutState(1, 2, 10), tracked)
     local_canary.serve_state(roots["laptop"] / "models" / MODEL, RolloutState(1), tracked)
     assert aliases(store) == {names.CHAMPION: "1", names.CHALLENGER: "2"}
+
+
+def run_of(env: dict[str, str], run_id: str):
+    return client_of(env).get_run(run_id)
+
+
+@pytest.mark.parametrize(("stopped_by", "status"), [(RuntimeError("a worker was lost"), tracking.FAILED),
+                                                    (SystemExit(143), tracking.KILLED),
+                                                    (KeyboardInterrupt(), tracking.KILLED)])
+def test_a_training_that_does_not_finish_ends_its_run_failed_or_killed_and_a_resume_runs_it_again(
+    store, tmp_path, stopped_by, status
+):
+    tracked = tracking.Tracking.from_environment("train", store)
+    run_id = tracking.begin_training(tracked, "cnn", tmp_path, {"variant": "cnn"})
+    with pytest.raises(type(stopped_by)), tracking.ends_with_its_step(tracked, run_id):
+        raise stopped_by
+    assert run_of(store, run_id).info.status == status
+    resumed = tracking.begin_training(tracking.Tracking.from_environment("train", store), "cnn", tmp_path,
+                                      {"variant": "cnn"}, resumes=True)
+    assert resumed == run_id and run_of(store, run_id).info.status == tracking.RUNNING
+
+
+def test_a_training_begun_again_at_epoch_1_starts_a_run_that_names_the_one_it_ends(store, tmp_path):
+    """No backup to resume from (a retry after the backup was lost, or a set restarted before its first
+    epoch's end): the epochs would be logged again at the same steps of the old run."""
+    tracked = tracking.Tracking.from_environment("train", store)
+    old = tracking.begin_training(tracked, "cnn", tmp_path, {"variant": "cnn"})
+    tracked.log_metrics(old, {"loss": 2.0}, step=1)
+    new = tracking.begin_training(tracked, "cnn", tmp_path, {"variant": "cnn"}, resumes=False)
+    assert new not in (old, None)
+    assert run_of(store, old).info.status == tracking.FAILED
+    assert run_of(store, new).data.tags[names.RESTARTED_FROM_TAG] == old
+    assert (tmp_path / tracking.RUN_ID_FILE).read_text().strip() == new
+
+
+def test_a_run_whose_tracking_turned_off_keeps_its_id_and_the_next_training_there_ends_it(store, tmp_path):
+    tracked = tracking.Tracking.from_environment("train", store)
+    run_id = tracking.begin_training(tracked, "cnn", tmp_path, {"variant": "cnn"})
+    tracked.client = None  # a failed call on the way: this process tracks nothing more
+    tracking.end_training(tracked, run_id, tmp_path, {"validation_accuracy": 0.8}, [])
+    assert (tmp_path / tracking.RUN_ID_FILE).read_text().strip() == run_id
+    assert run_of(store, run_id).info.status == tracking.RUNNING
+    # The next training in that directory begins at epoch 1 (a finished training leaves no backup).
+    after = tracking.begin_training(tracking.Tracking.from_environment("train", store), "cnn", tmp_path,
+                                    {"variant": "cnn"}, resumes=False)
+    assert run_of(store, run_id).info.status == tracking.FAILED
+    assert run_of(store, after).data.tags[names.RESTARTED_FROM_TAG] == run_id
+
+
+def test_a_retried_selection_reuses_its_run_and_a_failing_one_ends_it_failed(store, tmp_path, monkeypatch):
+    for _attempt in range(2):  # Argo's retry of the pipeline run's select step
+        tracking.track_selection(tracking.Tracking.from_environment("select", store), selection(1), {},
+                                 None, [])
+    select_runs = mlflow_runs(store, "select")
+    assert len(select_runs) == 1 and select_runs[0].info.status == tracking.FINISHED
+    def broken(*_args) -> None:
+        raise KeyError("winner")
+
+    monkeypatch.setattr(tracking, "log_selection", broken)
+    with pytest.raises(KeyError):
+        tracking.track_selection(tracking.Tracking.from_environment("select", store), selection(1), {},
+                                 None, [])
+    (failed,) = mlflow_runs(store, "select")
+    assert failed.info.run_id == select_runs[0].info.run_id and failed.info.status == tracking.FAILED
+
+
+def mlflow_runs(env: dict[str, str], step: str) -> list:
+    experiment = client_of(env).get_experiment_by_name(MODEL)
+    return client_of(env).search_runs([experiment.experiment_id], f"tags.`{names.STEP_TAG}` = '{step}'")
 
 
 def closed_port() -> int:

@@ -18,12 +18,13 @@ command line or an untracked step would otherwise pay for nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 from common import tracking_names as names
@@ -39,7 +40,7 @@ DEFAULT_EXPERIMENT = "dist-ml"  # without MLFLOW_EXPERIMENT_NAME (the engines se
 # MLflow's own INFO lines (a new store's tables, each migration) would be every step's noise.
 QUIET_LOGGERS = ("mlflow", "alembic")
 RUN_ID_FILE = "mlflow-run-id"  # in a variant's checkpoint directory while its training is unfinished
-FINISHED, RUNNING = "FINISHED", "RUNNING"
+FINISHED, RUNNING, FAILED, KILLED = "FINISHED", "RUNNING", "FAILED", "KILLED"
 
 Result = TypeVar("Result")
 
@@ -133,6 +134,18 @@ class Tracking:
         return self.attempt(f"starting run {run_name}", lambda: self.client.create_run(
             self.experiment_id(), run_name=run_name, tags=dict(tags)).info.run_id)
 
+    def step_run(self, run_name: str, tags: Mapping[str, str]) -> str | None:
+        """The run of this pipeline run's step: the one an earlier attempt started (Argo retrying the
+        step), running again, else a new one. Without a pipeline run to tell attempts apart, a new one."""
+        if self.pipeline_run and self.on:
+            query = (f"tags.`{names.STEP_TAG}` = '{tags[names.STEP_TAG]}' and "
+                     f"tags.`{names.PIPELINE_RUN_TAG}` = '{self.pipeline_run}'")
+            found = self.attempt(f"looking for run {run_name}", lambda: self.client.search_runs(
+                [self.experiment_id()], filter_string=query, max_results=1))
+            if found:
+                return self.resume_run(found[0].info.run_id)
+        return self.start_run(run_name, tags)
+
     def resume_run(self, run_id: str) -> str | None:
         """The run `run_id` marked running again; None when the store no longer has it."""
         def resume() -> str | None:
@@ -177,29 +190,70 @@ class Tracking:
 OFF = Tracking("untracked", None)
 
 
+@contextlib.contextmanager
+def ends_with_its_step(tracking: Tracking, run_id: str | None) -> Iterator[None]:
+    """A run that ends with its step when the step does not finish: KILLED when the process is stopped
+    (SIGTERM's SystemExit, Ctrl-C), FAILED when the step raises. A resumed training runs it again."""
+    try:
+        yield
+    except (SystemExit, KeyboardInterrupt):
+        if run_id:
+            tracking.finish(run_id, KILLED)
+        raise
+    except Exception:
+        if run_id:
+            tracking.finish(run_id, FAILED)
+        raise
+
+
 # A variant's training ------------------------------------------------------------------------------
 
-def begin_training(tracking: Tracking, variant: str, checkpoint_dir: Path, params: Mapping[str, object]
-                   ) -> str | None:
+def begin_training(tracking: Tracking, variant: str, checkpoint_dir: Path, params: Mapping[str, object],
+                   resumes: bool = True) -> str | None:
     """The run of `variant`'s training: the one its checkpoint directory names when training resumes
-    there (a restarted set, a retried step), else a new one with `params`."""
+    there from a backup (a restarted set, a retried step), else a new one with `params`. A training
+    that begins again at epoch 1 where a run was left unfinished ends that run FAILED (unless it ended
+    otherwise already) and its new run names it (RESTARTED_FROM_TAG): the epochs are not logged twice
+    at the same steps of one run."""
     run_id_file = checkpoint_dir / RUN_ID_FILE
-    if run_id_file.is_file() and (run_id := tracking.resume_run(run_id_file.read_text().strip())):
+    left = run_id_file.read_text().strip() if run_id_file.is_file() else None
+    if left and resumes and (run_id := tracking.resume_run(left)):
         return run_id
-    run_id = tracking.start_run(variant, tracking.tags("train", {names.VARIANT_TAG: variant}))
+    extra = {names.VARIANT_TAG: variant}
+    if left and not resumes and tracking.attempt(
+            f"ending run {left}", lambda: end_if_running(tracking.client, left, FAILED)):
+        extra[names.RESTARTED_FROM_TAG] = left
+    run_id = tracking.start_run(variant, tracking.tags("train", extra))
     if run_id is not None:
         tracking.log_params(run_id, params)
         run_id_file.write_text(run_id + "\n")
     return run_id
 
 
+def end_if_running(client: MlflowClient, run_id: str, status: str) -> bool:
+    """Ends `run_id` with `status` unless it has ended (a stop's KILLED stays); False when the store
+    no longer has it."""
+    try:
+        run = client.get_run(run_id)
+    except Exception as error:  # noqa: BLE001
+        if is_mlflow_error(error, "RESOURCE_DOES_NOT_EXIST"):
+            return False
+        raise
+    if run.info.status == RUNNING:
+        client.set_terminated(run_id, status)
+    return True
+
+
 def end_training(tracking: Tracking, run_id: str, checkpoint_dir: Path, metrics: Mapping[str, float],
                  artifacts: Sequence[Path]) -> None:
-    """The run's final figures and files; the next training in this directory starts a new run."""
+    """The run's final figures and files; the next training in this directory starts a new run. A run
+    whose tracking turned off on the way keeps its id in the directory, so the next training there ends
+    it (begin_training) rather than leaving it RUNNING."""
     tracking.log_metrics(run_id, metrics)
     tracking.log_artifacts(run_id, artifacts)
     tracking.finish(run_id)
-    (checkpoint_dir / RUN_ID_FILE).unlink(missing_ok=True)
+    if tracking.on:
+        (checkpoint_dir / RUN_ID_FILE).unlink(missing_ok=True)
 
 
 # Selection, the registry and the rollout --------------------------------------------------------------
@@ -272,9 +326,16 @@ def track_selection(tracking: Tracking, selection: dict, runs: Mapping[str, str]
     """Selection as one run: every candidate's validation and test figures, the ensemble's, the
     decision and why; a published version registered, linked to the runs it came from (`runs`: each
     tracked candidate's training run)."""
-    run_id = tracking.start_run("select", tracking.tags("select"))
+    run_id = tracking.step_run("select", tracking.tags("select"))
     if run_id is None:
         return
+    with ends_with_its_step(tracking, run_id):
+        log_selection(tracking, run_id, selection, runs, source_uri, artifacts)
+    tracking.finish(run_id)
+
+
+def log_selection(tracking: Tracking, run_id: str, selection: dict, runs: Mapping[str, str],
+                  source_uri: str | None, artifacts: Sequence[Path]) -> None:
     promotion = selection["promotion"]
     tracking.log_params(run_id, {
         "candidates": ",".join(candidate["name"] for candidate in selection["candidates"]),
@@ -297,4 +358,3 @@ def track_selection(tracking: Tracking, selection: dict, runs: Mapping[str, str]
         linked = runs.get(winner, run_id)  # a single variant's training run; an ensemble's selection
         register_version(tracking, selection["model_name"], selection["version"], source_uri, linked,
                          came_from, run_id)
-    tracking.finish(run_id)

@@ -65,6 +65,7 @@ TRAINING_SEED = 1
 # raised every variant's validation accuracy (docs/results/model-quality.md).
 LABEL_SMOOTHING = 0.1
 CHECKPOINT_OWNER_FILE = "model.txt"
+BACKUP_DIR = "backup"  # BackupAndRestore's, in the checkpoint directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,18 +353,21 @@ def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
     progress = ProgressLogger(cluster, epochs, steps_per_epoch * global_batch)
     # The chief alone tracks; a restarted set or a retried step continues its run.
     tracked = tracking.Tracking.from_environment("train") if cluster.is_chief else tracking.OFF
+    backup_dir = config.checkpoint_dir / BACKUP_DIR
     run_id = tracking.begin_training(tracked, config.model, config.checkpoint_dir, tracked_parameters(
-        config, cluster, gpus, policy, global_batch, learning_rate, epochs, steps_per_epoch))
+        config, cluster, gpus, policy, global_batch, learning_rate, epochs, steps_per_epoch),
+        resumes=has_backup(backup_dir))
     callbacks = [
-        keras.callbacks.BackupAndRestore(backup_dir=str(config.checkpoint_dir / "backup")),
+        keras.callbacks.BackupAndRestore(backup_dir=str(backup_dir)),
         keras.callbacks.LearningRateScheduler(cosine_schedule(learning_rate, epochs)),
         keras.callbacks.TensorBoard(log_dir=str(config.checkpoint_dir / "tensorboard"),
                                     profile_batch=0),
         progress,
         *([EpochTracking(tracked, run_id, progress)] if run_id else []),
     ]
-    model.fit(training_input(cluster, train_split, global_batch, strategy), epochs=epochs,
-              steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
+    with tracking.ends_with_its_step(tracked, run_id):
+        model.fit(training_input(cluster, train_split, global_batch, strategy), epochs=epochs,
+                  steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
 
     def write_metrics(export_dir: Path) -> dict:
         metrics = {
@@ -386,9 +390,15 @@ def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
         (export_dir / export.METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
         return metrics
 
-    export_model(model, cluster, config.export_dir, write_metrics)
+    with tracking.ends_with_its_step(tracked, run_id):
+        export_model(model, cluster, config.export_dir, write_metrics)
     if run_id:
         track_end(tracked, run_id, config)
+
+
+def has_backup(backup_dir: Path) -> bool:
+    """Whether BackupAndRestore will resume from `backup_dir` (its CheckpointManager's state file)."""
+    return any(backup_dir.rglob("checkpoint"))
 
 
 def track_end(tracked: tracking.Tracking, run_id: str, config: TrainConfig) -> None:
