@@ -425,22 +425,29 @@ class PodHistory(threading.Thread):
     def run(self) -> None:
         last: dict[str, str] = {}
         while not self.stop.wait(HISTORY_POLL_SECONDS):
-            pods = self.api.list("v1", "Pod", NAMESPACE, label_selector=self.selector)
-            for pod in pods:
-                for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                    key, seen = f"{pod['metadata']['name']}/{status['name']}", container_state(status)
-                    if last.get(key) != seen:
-                        self.lines.append(f"{time.strftime('%H:%M:%S')} {key}: {seen}")
-                        last[key] = seen
-            names = {pod["metadata"]["name"] for pod in pods}
-            for event in self.api.list("v1", "Event", NAMESPACE, field_selector="type=Warning"):
-                if event["involvedObject"]["name"] in names and from_kubelet(event):
-                    stamp = event.get("firstTimestamp") or event["eventTime"]
-                    at = datetime.datetime.fromisoformat(stamp).timestamp()
-                    if self.first_warning is None or at < self.first_warning:
-                        self.first_warning = at
-                        self.lines.append(f"{time.strftime('%H:%M:%S')} the kubelet's first warning "
-                                          f"({stamp}): {event['reason']}: {event['message']}")
+            try:
+                self.look(last)
+            except Exception as error:  # noqa: BLE001 - one look lost; the next one sees the rest
+                self.lines.append(f"{time.strftime('%H:%M:%S')} not read: {type(error).__name__}: {error}")
+
+    def look(self, last: dict[str, str]) -> None:
+        """One read of the pods' states and the kubelet's warnings about them."""
+        pods = self.api.list("v1", "Pod", NAMESPACE, label_selector=self.selector)
+        for pod in pods:
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                key, seen = f"{pod['metadata']['name']}/{status['name']}", container_state(status)
+                if last.get(key) != seen:
+                    self.lines.append(f"{time.strftime('%H:%M:%S')} {key}: {seen}")
+                    last[key] = seen
+        names = {pod["metadata"]["name"] for pod in pods}
+        for event in self.api.list("v1", "Event", NAMESPACE, field_selector="type=Warning"):
+            if event["involvedObject"]["name"] in names and from_kubelet(event):
+                stamp = event.get("firstTimestamp") or event["eventTime"]
+                at = datetime.datetime.fromisoformat(stamp).timestamp()
+                if self.first_warning is None or at < self.first_warning:
+                    self.first_warning = at
+                    self.lines.append(f"{time.strftime('%H:%M:%S')} the kubelet's first warning "
+                                      f"({stamp}): {event['reason']}: {event['message']}")
 
     def __enter__(self) -> PodHistory:
         self.start()
