@@ -469,10 +469,19 @@ def container_state(status: dict) -> str:
             f"{' last=' + last if last else ''}")
 
 
+@pytest.fixture
+def published(cluster, say) -> None:
+    """Version 1 on the storage, as the workflow's first run publishes it: the predictor must have a
+    model to load for its probe to answer. Run alone, these tests run the workflow first."""
+    runs = cluster.api.list(WORKFLOW_API, "Workflow", NAMESPACE)
+    if not any((run.get("status") or {}).get("phase") == "Succeeded" for run in runs):
+        run_workflow(cluster.api, say)
+
+
 @pytest.mark.parametrize("breaks", [broken_image, broken_probe, broken_memory],
                          ids=["unpullable-image", "probe-on-a-missing-path", "over-its-memory-limit"])
 def test_a_predictor_that_will_never_serve_fails_the_serve_step_within_a_minute(
-    cluster, say, tmp_path, breaks
+    cluster, say, tmp_path, breaks, published
 ):
     """The serve step (cluster_steps.release deploy, as the workflow's account) of the version the run
     published, its predictor changed as a user's mistake would change it."""
