@@ -78,7 +78,7 @@ def kill_tree(process: subprocess.Popen) -> None:
 
 def trainers(pipeline: subprocess.Popen) -> list[psutil.Process]:
     return [child for child in psutil.Process(pipeline.pid).children(recursive=True)
-            if "trainer.train" in child.cmdline()]
+            if "trainer.train" in command_line(child)]
 
 
 def test_two_variants_one_under_parameter_servers_publish_version_1_serve_it_then_a_rerun_memoizes(
@@ -245,6 +245,14 @@ def test_bad_engine_flags_are_config_errors(tmp_path, flags):
     assert not (tmp_path / "root").exists()
 
 
+def command_line(process: psutil.Process) -> list[str]:
+    """`process`'s arguments; none for one that ended since it was listed (a zombie, or gone)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_the_engine_stops_on_a_signal_its_parent_had_ignored(sample_dir, tmp_path, signum):
     """Started with SIGINT and SIGTERM ignored (a background job of a script, some CI runners), the
@@ -258,7 +266,7 @@ def test_the_engine_stops_on_a_signal_its_parent_had_ignored(sample_dir, tmp_pat
         try:
             deadline = time.monotonic() + 60
             while not [child for child in psutil.Process(pipeline.pid).children(recursive=True)
-                       if "trainer.ingest" in child.cmdline()]:
+                       if "trainer.ingest" in command_line(child)]:
                 assert pipeline.poll() is None and time.monotonic() < deadline, output.read_text()
                 time.sleep(0.1)
             children = psutil.Process(pipeline.pid).children(recursive=True)
