@@ -96,9 +96,9 @@ test:
 	wait $$built && [ $$tested = 0 ] && exit $$tiered || exit 1
 
 # The tier's real node and its images (tools/control_plane/node.py, images.py) run Debian's packages:
-# containerd, runc and the CNI plugins, iptables for kube-proxy, buildah and mmdebstrap for the images,
-# busybox for the helper image. Installed once as root (.ci/run does it); a no-op when all are there.
-NODE_PACKAGES = containerd runc containernetworking-plugins iptables buildah mmdebstrap busybox-static
+# containerd, runc and the CNI plugins, iptables for kube-proxy, iptables and ipset for kube-router's
+# network policies, buildah and mmdebstrap for the images, busybox for the helper image. Installed once as root (.ci/run does it); a no-op when all are there.
+NODE_PACKAGES = containerd runc containernetworking-plugins iptables ipset buildah mmdebstrap busybox-static
 .PHONY: node-packages
 node-packages:
 	@dpkg-query -W -f='$${db:Status-Status} $${Package}\n' $(NODE_PACKAGES) 2>/dev/null | \

@@ -6,6 +6,7 @@ tier refuses to start outside its own namespace; and under CI=true what it canno
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +114,56 @@ def test_argoexec_is_built_static_from_a_copy_of_argos_module_with_its_links_res
     assert f"github.com/argoproj/argo-workflows/v4 v4.0.5 => {source}" in wrapper
 
 
+def test_kube_router_is_built_from_k3s_fork_with_k3s_replaces():
+    """k3s' go.mod replaces kube-router's module with its fork (and genproto with the release its
+    requirements need): ours does too, so the program is the module k3s embeds."""
+    component = components.kube_router()
+    assert component.served_module == components.KUBE_ROUTER_FORK
+    wrapper = build.wrapper_go_mod(component, {"Go": "1.23.11"})
+    assert f"require {components.KUBE_ROUTER_MODULE} {components.KUBE_ROUTER_VERSION}" in wrapper
+    assert (f"\t{components.KUBE_ROUTER_MODULE} => {components.KUBE_ROUTER_FORK} "
+            f"{components.KUBE_ROUTER_VERSION}\n") in wrapper
+    assert f"\t{components.K3S_GENPROTO}\n" in wrapper
+    assert f"\t{components.KUBE_ROUTER_MODULE}/cmd/kube-router" in wrapper
+
+
+def test_a_module_outside_the_checksum_database_must_hash_as_its_consumer_recorded(monkeypatch):
+    """sum.golang.org has no entry for k3s' fork: Go is told not to ask it, and the zip the proxy serves
+    must hash to what k3s' go.sum records, or nothing is built from it."""
+    module = f"{components.KUBE_ROUTER_FORK}@{components.KUBE_ROUTER_VERSION}"
+    assert components.KUBE_ROUTER_FORK in build.go_env()["GONOSUMDB"].split(",")
+    served = {"Path": components.KUBE_ROUTER_FORK, "Dir": "/m", "Sum": components.RECORDED_SUMS[module]}
+    monkeypatch.setattr(build, "go", lambda *args, **kwargs: json.dumps(served))
+    assert build.download(components.KUBE_ROUTER_FORK, components.KUBE_ROUTER_VERSION)["Dir"] == "/m"
+    served["Sum"] = "h1:tampered="
+    with pytest.raises(build.BuildError, match="hashes to h1:tampered=, and its consumer's go.sum records"):
+        build.download(components.KUBE_ROUTER_FORK, components.KUBE_ROUTER_VERSION)
+
+
+def test_kube_router_runs_with_the_rights_its_own_install_grants(tmp_path):
+    install = tmp_path / upstream.KUBE_ROUTER_INSTALL
+    install.parent.mkdir()
+    install.write_text(textwrap.dedent("""\
+        apiVersion: v1
+        kind: ServiceAccount
+        metadata: {name: kube-router, namespace: kube-system}
+        ---
+        kind: ClusterRole
+        apiVersion: rbac.authorization.k8s.io/v1
+        metadata: {name: kube-router, namespace: kube-system}
+        rules:
+          - apiGroups: ["networking.k8s.io"]
+            resources: [networkpolicies]
+            verbs: [list, get, watch]
+        """))
+    role, binding = upstream.kube_router_access(tmp_path, "system:kube-router")
+    assert role["metadata"] == {"name": "kube-router"}
+    assert role["rules"][0]["resources"] == ["networkpolicies"]
+    assert binding["roleRef"]["name"] == "kube-router"
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                    "name": "system:kube-router"}]
+
+
 def test_kubernetes_programs_carry_their_release_as_its_build_stamps_it():
     flags = build.release_ldflags("v1.33.4")
     for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
@@ -160,7 +211,8 @@ def test_no_two_programs_of_the_tier_are_given_one_port():
         cluster.CONTROLLER_MANAGER_PORT, cluster.SCHEDULER_PORT, tier.KWOK_HEALTH_PORT,
         node.KUBELET_PORT, node.KUBELET_HEALTH_PORT, node.KUBE_PROXY_HEALTH_PORT,
         node.KUBE_PROXY_METRICS_PORT,
-        node.COREDNS_READY_PORT, node.COREDNS_HEALTH_PORT, upstream.ARGO_HEALTH_PORT, upstream.KEDA_GRPC_PORT,
+        node.COREDNS_READY_PORT, node.COREDNS_HEALTH_PORT, node.KUBE_ROUTER_HEALTH_PORT,
+        upstream.ARGO_HEALTH_PORT, upstream.KEDA_GRPC_PORT,
         *(port for pair in upstream.PORTS.values() for port in (pair.webhook, pair.health) if port),
     ]
     assert len(ports) == len(set(ports)), sorted(ports)

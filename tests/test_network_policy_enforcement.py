@@ -2,7 +2,9 @@
 but not enforced reads as protection. On k3d, k3s' embedded network policy controller (kube-router's)
 enforces them unless k3s is started with `--disable-network-policy` or without flannel
 (docs.k3s.io/networking/networking-services, "Network Policy Controller"); on GKE, Dataplane V2 does
-(stacks.policies.closed_clusters, which the policy pack runs too)."""
+(stacks.policies.closed_clusters, which the policy pack runs too). What k3s enforces is then run for
+real: the e2e tier's node runs kube-router's controller from k3s' fork, and
+tests/e2e_node/test_node.py has the tracking server's policy admit the pipeline's namespace alone."""
 
 from __future__ import annotations
 

@@ -4,11 +4,12 @@ the project's images run as its own user."""
 
 from __future__ import annotations
 
+import urllib.parse
 import urllib.request
 
 import pytest
 
-from common import pod_security
+from common import pod_security, tracking_names
 from common.cluster_names import CLUSTER_DOMAIN
 from engines.base import condition
 from infra.images import BASE_IMAGES, image_ref
@@ -28,12 +29,12 @@ def on_node(cluster):
     return cluster.real_node
 
 
-def helper_pod(real_node, name: str, script: str, **container: object) -> dict:
+def helper_pod(real_node, name: str, script: str, namespace: str = NAMESPACE, **container: object) -> dict:
     """A pod of the busybox helper image on the real node, running `script` with sh."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
         "spec": {
             "nodeName": real_node.name,
             "restartPolicy": "Never",
@@ -53,18 +54,18 @@ def helper_pod(real_node, name: str, script: str, **container: object) -> dict:
     }
 
 
-def container_state(tier, name: str) -> dict:
-    pod = tier.api.get("v1", "Pod", name, NAMESPACE) or {}
+def container_state(tier, name: str, namespace: str = NAMESPACE) -> dict:
+    pod = tier.api.get("v1", "Pod", name, namespace) or {}
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return statuses[0]["state"] if statuses else {}
 
 
-def finished(tier, name: str) -> dict:
+def finished(tier, name: str, namespace: str = NAMESPACE) -> dict:
     """The pod's container's terminated state, once it has one; the kubelet's own words at once if it
     says the container will never start."""
 
     def terminated():
-        state = container_state(tier, name)
+        state = container_state(tier, name, namespace)
         waiting = state.get("waiting") or {}
         reason = waiting.get("reason")
         assert reason not in NEVER_STARTS, f"pod {name}: {reason}: {waiting.get('message')}"
@@ -73,8 +74,8 @@ def finished(tier, name: str) -> dict:
     return tier.api.wait(terminated, f"pod {name} ended", RUN_SECONDS)
 
 
-def logs(tier, name: str) -> str:
-    return tier.api.core.read_namespaced_pod_log(name, NAMESPACE)
+def logs(tier, name: str, namespace: str = NAMESPACE) -> str:
+    return tier.api.core.read_namespaced_pod_log(name, namespace)
 
 
 def test_a_pod_runs_in_containerd_and_resolves_the_cluster_domain_with_coredns(tier, on_node):
@@ -141,10 +142,10 @@ def test_a_container_over_its_memory_limit_is_oom_killed(tier, on_node):
     assert finished(tier, "greedy")["reason"] == "OOMKilled"
 
 
-def project_pod(real_node, name: str, image: str, *command: str) -> dict:
+def project_pod(real_node, name: str, image: str, *command: str, namespace: str = NAMESPACE) -> dict:
     """A pod of one of the project's images on the real node, with the restricted security context our
     pods declare (runAsNonRoot; the user is the image's USER)."""
-    pod = helper_pod(real_node, name, "")
+    pod = helper_pod(real_node, name, "", namespace)
     (container,) = pod["spec"]["containers"]
     container.update(image=images.qualified(image_ref(image)), command=list(command),
                      securityContext=pod_security.container_security_context())
@@ -162,3 +163,79 @@ def test_each_project_image_runs_as_its_own_user_under_the_restricted_context(ti
     tier.api.create(project_pod(on_node, name, image, "python", "-c", probe))
     ended = finished(tier, name)
     assert (ended["exitCode"], logs(tier, name).split("\n")[-2]) == (0, "1000 (3, 11)"), logs(tier, name)
+
+
+PIPELINE_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's: the one the tracking server's NetworkPolicy admits
+TRACKING_READY_SECONDS = 300.0  # its init container migrates a new database first
+# A pod's request for the tracking server's health at the URL of its second argument, tried each second
+# for as many seconds as its first says: a new pod's address reaches the policy's rules a moment after
+# the pod starts (NetworkPolicy implementations admit a new pod's traffic once they have seen it).
+REACH_TRACKING = (
+    "import sys, time, urllib.request\n"
+    "deadline, tries = time.monotonic() + float(sys.argv[1]), 0\n"
+    "while True:\n"
+    "    tries += 1\n"
+    "    try:\n"
+    "        answer = urllib.request.urlopen(sys.argv[2], timeout=5)\n"
+    "        sys.exit(print(answer.status, 'at try', tries))\n"
+    "    except OSError as error:\n"
+    "        if time.monotonic() > deadline:\n"
+    "            sys.exit(f'unreached: {error}')\n"
+    "        time.sleep(1)\n"
+)
+INSIDE_SECONDS, OUTSIDE_SECONDS = 60, 15
+
+
+def tracking_server_ready(tier) -> dict | None:
+    for pod in tier.api.list("v1", "Pod", PIPELINE_NAMESPACE):
+        if pod["metadata"].get("labels", {}).get("app.kubernetes.io/name") == tracking_names.SERVER_NAME:
+            for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+                waiting = (status.get("state") or {}).get("waiting") or {}
+                assert waiting.get("reason") not in NEVER_STARTS, f"{status['name']}: {waiting}"
+            if condition(pod, "Ready"):
+                return pod
+    return None
+
+
+def tracking_answers_from_the_node(tier) -> bool:
+    service = tier.api.get("v1", "Service", tracking_names.SERVER_NAME, PIPELINE_NAMESPACE)
+    address = f"http://{service['spec']['clusterIP']}:{tracking_names.SERVER_PORT}/health"
+    host = urllib.parse.urlsplit(tracking_names.server_uri(PIPELINE_NAMESPACE)).netloc
+    try:
+        request = urllib.request.Request(address, headers={"Host": host})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def test_the_tracking_server_admits_the_pipelines_namespace_alone_as_its_policy_says(tier, on_node, say):
+    """The local stack's tracking server, Ready through its probes, behind its NetworkPolicy as k3s
+    enforces it (kube-router's controller on the node): the same request from a pod of the pipeline's
+    namespace is answered; from a pod of another namespace it is refused, by name or at the pod's address."""
+    tier.api.wait(lambda: tracking_server_ready(tier), "the tracking server Ready", TRACKING_READY_SECONDS)
+    # Answering through its Service from the node (which the policy admits, as it does the kubelet's
+    # probes), so kube-proxy has its endpoint: a refusal below can only be the policy's.
+    tier.api.wait(lambda: tracking_answers_from_the_node(tier), "the tracking server's Service answering",
+                  RUN_SECONDS)
+    server = tracking_server_ready(tier)
+    by_name = f"{tracking_names.server_uri(PIPELINE_NAMESPACE)}/health"  # the pipeline's pods' URI
+    by_address = f"http://{server['status']['podIP']}:{tracking_names.SERVER_PORT}/health"  # bridged
+    tries = {  # pod: (namespace, seconds, url)
+        "tracking-inside": (PIPELINE_NAMESPACE, INSIDE_SECONDS, by_name),
+        "tracking-outside": (NAMESPACE, OUTSIDE_SECONDS, by_name),
+        "tracking-outside-direct": (NAMESPACE, OUTSIDE_SECONDS, by_address),
+    }
+    for name, (namespace, seconds, url) in tries.items():
+        tier.api.create(project_pod(on_node, name, "tracking-server", "python", "-c", REACH_TRACKING,
+                                    str(seconds), url, namespace=namespace))
+    said = {}
+    for name, (namespace, _, _) in tries.items():
+        said[name] = (finished(tier, name, namespace)["exitCode"], logs(tier, name, namespace).strip())
+    say(f"tracking server: {said}")
+    assert said["tracking-inside"][0] == 0 and said["tracking-inside"][1].startswith("200 at try"), said
+    # kube-router rejects what no policy admits (ICMP port unreachable: refused, as kube-proxy would
+    # refuse a Service without endpoints, which the node's answer above rules out), whether the packets
+    # are routed to the Service or switched on the bridge to the pod.
+    refused = (1, "unreached: <urlopen error [Errno 111] Connection refused>")
+    assert said["tracking-outside"] == said["tracking-outside-direct"] == refused, said

@@ -73,8 +73,12 @@ class Built:
 
 
 def go_env() -> dict[str, str]:
-    # Go's own toolchain only (no toolchain download), no workspace file of the user's.
-    return {**os.environ, "GOTOOLCHAIN": "local", "GOWORK": "off", "GOFLAGS": "-mod=mod"}
+    # Go's own toolchain only (no toolchain download), no workspace file of the user's; the modules the
+    # checksum database lacks are checked by download() against the hash their consumer records.
+    unchecked = [os.environ.get("GONOSUMDB", ""),
+                 *(module.partition("@")[0] for module in components.RECORDED_SUMS)]
+    return {**os.environ, "GOTOOLCHAIN": "local", "GOWORK": "off", "GOFLAGS": "-mod=mod",
+            "GONOSUMDB": ",".join(filter(None, unchecked))}
 
 
 def go(*args: str, cwd: Path = CACHE, static: bool = False) -> str:
@@ -102,8 +106,14 @@ def last_lines(text: str, count: int = 6) -> str:
 
 
 def download(module: str, version: str) -> dict:
-    """The module's source in the module cache (go mod download -json): Dir, GoMod, Version."""
-    return json.loads(go("mod", "download", "-json", f"{module}@{version}"))
+    """The module's source in the module cache (go mod download -json): Dir, GoMod, Version. A module
+    the checksum database lacks must have the hash components.RECORDED_SUMS holds for it."""
+    found = json.loads(go("mod", "download", "-json", f"{module}@{version}"))
+    recorded = components.RECORDED_SUMS.get(f"{module}@{version}")
+    if recorded is not None and found.get("Sum") != recorded:
+        raise BuildError(f"{module}@{version}: the module proxy's zip hashes to {found.get('Sum')}, and its "
+                         f"consumer's go.sum records {recorded}: not built")
+    return found
 
 
 def served_version(module: str, pinned: str) -> str:
@@ -132,12 +142,13 @@ def version_to_build(component: Component, pinned: str) -> str:
     """The version of `component` the tier builds: `pinned`, or where the proxy does not serve it the
     newest one before it, if components.SUBSTITUTES declares the component, or outside CI (said in the
     tier's log); under CI=true an error naming it."""
-    version = served_version(component.module, pinned)
+    version = served_version(component.served_module, pinned)
     if version != pinned and component.name not in components.SUBSTITUTES and in_ci():
         raise BuildError(
-            f"{component.name}: the module proxy serves no {component.module}@{pinned} ({component.pinned_by}"
-            f"'s version); under CI=true the tier runs no other version ({version} is the newest it serves "
-            "before it) unless tools/control_plane/components.py SUBSTITUTES declares the component, with why"
+            f"{component.name}: the module proxy serves no {component.served_module}@{pinned} "
+            f"({component.pinned_by}'s version); under CI=true the tier runs no other version ({version} is "
+            "the newest it serves before it) unless tools/control_plane/components.py SUBSTITUTES declares "
+            "the component, with why"
         )
     return version
 
@@ -174,7 +185,7 @@ def mirrored_replaces(upstream: dict, version: str) -> list[str]:
 def wrapper_go_mod(component: Component, upstream: dict, source: Path | None = None) -> str:
     """Our module: the upstream module at its version (from `source`, a copy, if given), its replaces,
     and its commands as tools."""
-    replaces = mirrored_replaces(upstream, component.version)
+    replaces = [*mirrored_replaces(upstream, component.version), *component.replaces]
     if source is not None:
         replaces.append(f"{component.module} {component.version} => {source}")
     lines = [
@@ -195,7 +206,7 @@ def wrapper_go_mod(component: Component, upstream: dict, source: Path | None = N
 
 def prepare(component: Component) -> tuple[Path, str]:
     """The wrapper module's directory, tidied when its go.mod is new or changed, and the module's source."""
-    upstream, module_dir = upstream_go_mod(component.module, component.version)
+    upstream, module_dir = upstream_go_mod(component.served_module, component.version)
     directory = CACHE / "modules" / f"{component.name}-{component.version}"
     directory.mkdir(parents=True, exist_ok=True)
     source = with_links(component, Path(module_dir)) if component.links else None
@@ -305,6 +316,7 @@ def build_all(say=print) -> list[Built]:
     add(components.keda, pins.keda)
     add(components.coredns, components.kubeadm_constant(Path(built[0].module_dir), "CoreDNSVersion"))
     add(components.local_path_provisioner, components.LOCAL_PATH_VERSION)
+    add(components.kube_router, components.KUBE_ROUTER_VERSION)
     return built
 
 

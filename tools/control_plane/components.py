@@ -38,6 +38,21 @@ K3S_IMAGE = re.compile(r"^rancher/k3s:(v[0-9]+\.[0-9]+\.[0-9]+)-k3s[0-9]+$")
 # real node's cluster DNS.
 KUBEADM_CONSTANTS = Path("cmd", "kubeadm", "app", "constants", "constants.go")
 KUBEADM_CONSTANT = r'^\s*{name}\s*=\s*"([^"]+)"'
+# The real node's NetworkPolicy controller, as k3s runs it: k3s' agent embeds kube-router's
+# (pkg/agent/netpol), built from k3s' fork of the module, which k3s' go.mod names in a replace directive
+# (github.com/k3s-io/kube-router/v2 v2.6.3-k3s1 on its release-1.33 branch and on main). The fork is not
+# in the checksum database (sum.golang.org answers 404 for it), so the tier checks the module's hash
+# against the one k3s' go.sum records for it.
+KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
+KUBE_ROUTER_FORK = "github.com/k3s-io/kube-router/v2"
+KUBE_ROUTER_VERSION = "v2.6.3-k3s1"
+# Module -> the h1: hash of its zip that its consumer's go.sum records, for modules sum.golang.org lacks.
+RECORDED_SUMS = {
+    f"{KUBE_ROUTER_FORK}@{KUBE_ROUTER_VERSION}": "h1:RZjUBIuitXCuYoCzm1aM6p5EgQFC5k3N72j4pBIc2j4=",
+}
+# k3s' go.mod replaces genproto with the release after googleapis/api left it, without which the fork's
+# requirements import that package from two modules.
+K3S_GENPROTO = "google.golang.org/genproto => google.golang.org/genproto v0.0.0-20230525234035-dd9d682886f9"
 
 
 class PinError(RuntimeError):
@@ -55,6 +70,12 @@ class Component:
     pinned_by: str  # where the version comes from, for the start line
     static: bool = False  # built without cgo: the program runs in an image without a C library
     links: tuple[tuple[str, str], ...] = ()  # (path, target): upstream's symbolic links, restored
+    source: str = ""  # the module the proxy serves it as, when upstream builds it from a fork
+    replaces: tuple[str, ...] = ()  # replace directives of the program upstream builds it into
+
+    @property
+    def served_module(self) -> str:
+        return self.source or self.module
 
     def command(self, package_suffix: str) -> str:
         """The full package path of the command whose path ends with `package_suffix`."""
@@ -172,6 +193,16 @@ def coredns(version: str) -> Component:
     return Component(
         "coredns", "github.com/coredns/coredns", version, ("github.com/coredns/coredns",),
         "kubeadm's CoreDNSVersion in the Kubernetes module",
+    )
+
+
+def kube_router(version: str = KUBE_ROUTER_VERSION) -> Component:
+    """kube-router from k3s' fork, with k3s' replace directives; the tier runs its network policy
+    controller alone, as k3s does."""
+    return Component(
+        "kube-router", KUBE_ROUTER_MODULE, version, (f"{KUBE_ROUTER_MODULE}/cmd/kube-router",),
+        "k3s' go.mod (KUBE_ROUTER_VERSION)", source=KUBE_ROUTER_FORK,
+        replaces=(f"{KUBE_ROUTER_MODULE} => {KUBE_ROUTER_FORK} {version}", K3S_GENPROTO),
     )
 
 

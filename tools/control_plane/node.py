@@ -5,7 +5,11 @@
   plugins from Debian's package (bridge and host-local on the tier's bridge, portmap, loopback);
 - the kubelet and kube-proxy, from the same pinned Kubernetes module as the API server;
 - CoreDNS from its Go module, at the version kubeadm of that Kubernetes installs, serving the cluster
-  domain the stacks assume (cluster.local) on the bridge's address, the node's DNS for its pods.
+  domain the stacks assume (cluster.local) on the bridge's address, the node's DNS for its pods;
+- kube-router's network policy controller, built from k3s' fork of its module, run alone as k3s' agent
+  runs it: the NetworkPolicies the stacks declare are enforced on the node's pods, as on k3d (Debian's
+  ipset beside iptables; the namespace's bridge netfilter is on, so pod-to-pod traffic on the bridge
+  passes its rules too).
 
 Everything lives under the tier's directory (containerd's state, the kubelet's, the CNI's address
 leases) but the images: tools/control_plane/images.py builds them in buildah's storage outside the
@@ -15,9 +19,11 @@ imports nothing.
 
 The node registers with a client certificate of `system:node:<name>` (the API server's Node authorizer
 and NodeRestriction judge it, as on a kubeadm node); kube-proxy as `system:kube-proxy` (bound by the
-API server's own system:node-proxier). Pods reach Services through kube-proxy's iptables rules in the
-tier's network namespace; every connection to a Service is masqueraded (pods share one bridge, and the
-namespace has no bridge netfilter to un-NAT an answer switched from pod to pod).
+API server's own system:node-proxier); kube-router as `system:kube-router`, bound to the ClusterRole of
+kube-router's own install. Pods reach Services through kube-proxy's iptables rules in the
+tier's network namespace; every connection to a Service is masqueraded (kube-proxy's masqueradeAll;
+pods share one bridge). kube-router's rules see the client's own address all the same: the filter
+table's FORWARD chain runs before the masquerade.
 """
 
 from __future__ import annotations
@@ -59,10 +65,15 @@ DNS_ADDRESS = BRIDGE_ADDRESS  # CoreDNS answers on the bridge, where every pod r
 KUBELET_PORT, KUBELET_HEALTH_PORT = 10250, 10248
 KUBE_PROXY_HEALTH_PORT, KUBE_PROXY_METRICS_PORT = 10256, 10249
 COREDNS_READY_PORT, COREDNS_HEALTH_PORT = 8181, 8180
+KUBE_ROUTER_HEALTH_PORT = 20244  # its default
+KUBE_ROUTER_USER = "system:kube-router"
+# kube-router's chain in the filter table once its network policy controller has synced
+# (pkg/controllers/netpol/network_policy_controller.go, kubeForwardChainName).
+KUBE_ROUTER_CHAIN = "KUBE-ROUTER-FORWARD"
 # Debian's containernetworking-plugins install their plugins here.
 CNI_BIN_DIR = "/usr/lib/cni"
-RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables")
-RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins")
+RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ipset")
+RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "ipset")
 CGROUPS = Path("/sys/fs/cgroup")
 # containerd's root that tiers share, one at a time, outside the clone beside the images' build cache.
 SHARED_ROOT = node_images.CACHE.parent / "node-containerd"
@@ -338,8 +349,8 @@ class RealNode:
         missing = missing_programs()
         if missing:
             raise Unavailable(
-                f"the real node needs {', '.join(missing)} (Debian's containerd, runc, iptables and "
-                "containernetworking-plugins)"
+                f"the real node needs {', '.join(missing)} (Debian's containerd, runc, iptables, ipset "
+                "and containernetworking-plugins)"
             )
         # A node reaches Service addresses by its default route; the tier's namespace has none (nothing
         # outside answers), so the service range is routed to the bridge, where kube-proxy's rules act.
@@ -348,6 +359,7 @@ class RealNode:
         self._import_images()
         self._start_kubelet(api)
         self._start_kube_proxy()
+        self._start_kube_router()
         self._start_coredns()
 
     def _program(self, name: str, command: list[str], ready, what: str = "ready") -> Program:
@@ -498,6 +510,27 @@ class RealNode:
             answers(f"http://127.0.0.1:{KUBE_PROXY_HEALTH_PORT}/healthz"),
         )
 
+    def _start_kube_router(self) -> None:
+        """kube-router's network policy controller alone, as k3s' agent runs it (no routes, no service
+        proxy: the bridge and kube-proxy do those), ready once its chains are in the filter table."""
+        router_kubeconfig = self._client("kube-router", KUBE_ROUTER_USER, None)
+        program = self._program(
+            "kube-router",
+            [
+                self.binaries["kube-router"],
+                "--run-firewall=true",
+                "--run-router=false",
+                "--run-service-proxy=false",
+                f"--kubeconfig={router_kubeconfig}",
+                f"--hostname-override={self.name}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--health-port={KUBE_ROUTER_HEALTH_PORT}",
+            ],
+            answers(f"http://127.0.0.1:{KUBE_ROUTER_HEALTH_PORT}/healthz"),
+        )
+        program.wait_until(lambda: filter_chain_exists(KUBE_ROUTER_CHAIN), "its network policy chains",
+                           START_SECONDS)
+
     def _start_coredns(self) -> None:
         admin = self.directory.parent / "admin.kubeconfig"
         config = self.directory / "Corefile"
@@ -512,7 +545,8 @@ class RealNode:
         versions = self.binaries.versions
         self.say(
             f"control-plane: node {self.name}: kubelet and kube-proxy {versions['kubelet']}, "
-            f"{runtime_versions()}, CoreDNS {versions['coredns']} ({CLUSTER_DOMAIN}); images: "
+            f"{runtime_versions()}, CoreDNS {versions['coredns']} ({CLUSTER_DOMAIN}), kube-router "
+            f"{versions['kube-router']} (its NetworkPolicy controller, as k3s runs it); images: "
             + ", ".join(name for name, _ in self.images.built)
         )
 
@@ -532,6 +566,10 @@ class RealNode:
         stop_all(runtime)
         if self._lock is not None:
             self._lock.close()
+
+
+def filter_chain_exists(chain: str) -> bool:
+    return subprocess.run(["iptables", "-t", "filter", "-S", chain], capture_output=True).returncode == 0
 
 
 def node_ready(api: Api, name: str) -> bool:

@@ -21,7 +21,7 @@ from tools.control_plane import nodes, pki, upstream
 from tools.control_plane.build import Built
 from tools.control_plane.cluster import API_SERVER_ADDRESSES, BRIDGE_ADDRESS, Binaries, Kubernetes, kubeconfig
 from tools.control_plane.kube import Api
-from tools.control_plane.node import NodeImages, RealNode
+from tools.control_plane.node import KUBE_ROUTER_USER, NodeImages, RealNode
 from tools.control_plane.processes import Program, answers, stop_all
 
 CONTROLLER_START_SECONDS = 180.0
@@ -181,6 +181,8 @@ class Tier:
         cluster's one schedulable node (the simulated one cordoned, so that every pod lands here), and
         the local-path provisioner k3s runs, whose helper pods need a node that runs them."""
         self.api.patch("v1", "Node", self.node_name, {"spec": {"unschedulable": True}})
+        kube_router = Path(self.components["kube-router"].module_dir)
+        self.api.apply_all(upstream.kube_router_access(kube_router, KUBE_ROUTER_USER))
         self.real_node = RealNode(
             self.directory / "node",
             Binaries.of(self.built),

@@ -541,3 +541,24 @@ def local_path(module_dir: Path, storage: Path, kubeconfig: Path) -> LocalPath:
     args = [*command[:at], *command[at + 2:], f"--kubeconfig={kubeconfig}",
             f"--namespace={deployment['metadata']['namespace']}"]
     return LocalPath([obj for obj in install if obj["kind"] != "Deployment"], args)
+
+
+# kube-router's install for its own daemonset, whose ClusterRole grants what its controllers read.
+KUBE_ROUTER_INSTALL = Path("daemonset", "generic-kuberouter.yaml")
+KUBE_ROUTER_ROLE = "kube-router"
+
+
+def kube_router_access(module_dir: Path, user: str) -> list[dict]:
+    """kube-router's ClusterRole as its install grants it (from the module), bound to `user`: the
+    client certificate the node's kube-router runs with, as kube-proxy runs with its own."""
+    (role,) = [obj for obj in of_kind(load_all((module_dir / KUBE_ROUTER_INSTALL).read_text()), "ClusterRole")
+               if obj["metadata"]["name"] == KUBE_ROUTER_ROLE]
+    role["metadata"].pop("namespace", None)  # a cluster-scoped object: its manifest's namespace means nothing
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": KUBE_ROUTER_ROLE},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUBE_ROUTER_ROLE},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    return [role, binding]
