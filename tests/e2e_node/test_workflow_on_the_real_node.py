@@ -42,6 +42,7 @@ WORKFLOW_SECONDS = 1200.0
 POLL_SECONDS = 2.0
 LOG_LINES = 3  # of a failed container, in the run's message
 MODEL = "fmnist"  # Pulumi.local.yaml's pipeline.modelName
+EPOCH_METRIC = "epoch_seconds"  # trainer.train.EpochTracking logs it at every epoch's end
 
 
 def never_starts(api) -> list[str]:
@@ -116,13 +117,15 @@ def output(workflow: dict, step: str, parameter: str) -> str:
     return value
 
 
-def tracking_get(api, workflow: dict, path: str, **params: str) -> dict:
-    """A GET of MLflow's REST API on the tracking server's Service, with the Host the pipeline's pods
-    send (the server refuses others: DNS rebinding), from outside the pod network."""
+def tracking_get(api, workflow: dict, path: str, body: dict | None = None, **params: str) -> dict:
+    """A GET (a POST with `body`) of MLflow's REST API on the tracking server's Service, with the Host
+    the pipeline's pods send (the server refuses others: DNS rebinding), from outside the pod network."""
     uri = urllib.parse.urlsplit(tracking_uri(workflow))
     service = api.get("v1", "Service", uri.hostname.split(".")[0], NAMESPACE)
-    response = requests.get(f"http://{service['spec']['clusterIP']}:{uri.port}/api/2.0/mlflow/{path}",
-                            params=params, headers={"Host": uri.netloc}, timeout=30)
+    response = requests.request(
+        "POST" if body is not None else "GET",
+        f"http://{service['spec']['clusterIP']}:{uri.port}/api/2.0/mlflow/{path}",
+        params=params, json=body, headers={"Host": uri.netloc}, timeout=30)
     assert response.status_code == 200, (path, response.status_code, response.text)
     return response.json()
 
@@ -137,7 +140,7 @@ def tracking_uri(workflow: dict) -> str:
 
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # Kubernetes' Indexed Job: the pod's worker index
 FIRST_EPOCH_END = re.compile(r"epoch 1/(\d+) ")  # trainer.train.ProgressLogger: its backup is on disk
-RESUMED = re.compile(r"resuming from backup at epoch (\d+)/\d+")
+RESUMED = re.compile(r"resuming from backup at epoch (\d+)/(\d+)")
 
 
 def trainer_pods(api, attempt: int | None = None) -> dict[int, dict]:
@@ -229,6 +232,21 @@ def test_the_workflow_runs_end_to_end_on_the_real_node(cluster, say, tmp_path):
     say(f"tracking: {MODEL} version {champion['model_version']['version']} is {tracking_names.CHAMPION}, "
         f"from run {run['info']['run_name']} ({run['info']['status']})")
     assert run["info"]["status"] == "FINISHED", run["info"]
+    # The killed set resumed its run: one training run of the variant in this pipeline run, each epoch
+    # logged once (the epoch it resumed from on), not a second run beside it.
+    tags = {tag["key"]: tag["value"] for tag in run["data"].get("tags", [])}
+    trainings = tracking_get(api, workflow, "runs/search", body={
+        "experiment_ids": [run["info"]["experiment_id"]],
+        "filter": f"tags.`{tracking_names.PIPELINE_RUN_TAG}` = '{tags[tracking_names.PIPELINE_RUN_TAG]}' "
+                  f"and tags.`{tracking_names.STEP_TAG}` = 'train'"}).get("runs", [])
+    assert [found["info"]["run_id"] for found in trainings] == [run["info"]["run_id"]], trainings
+    assert tracking_names.RESTARTED_FROM_TAG not in tags, tags
+    history = tracking_get(api, workflow, "metrics/get-history", run_id=run["info"]["run_id"],
+                           metric_key=EPOCH_METRIC)["metrics"]
+    steps = sorted(point["step"] for point in history)
+    resumed_at, epochs = int(resumed[1]), int(resumed[2])
+    assert len(steps) == len(set(steps)) and set(range(resumed_at, epochs + 1)) <= set(steps), steps
+    say(f"tracking: run {run['info']['run_id']} resumed, {EPOCH_METRIC} logged at epochs {steps}")
 
     # A second run: ingest is memoized (the template says so), the rest runs again.
     again = run_workflow(api, say)
