@@ -522,23 +522,21 @@ def run_command(cluster: RolloutApi, args: argparse.Namespace, timing: Timing = 
         say(f"rollout: {rollback(cluster, namespace, args.model_name, say)}")
 
 
-def served_versions(cluster: RolloutApi, namespace: str, model_name: str) -> tuple[int | None, int | None]:
-    """The stable version and the canary's, as the InferenceServices stand (None: none, or one that
-    names no version)."""
-    def version_of(name: str) -> int | None:
-        isvc = cluster.get_inference_service(namespace, name)
-        return int(model_version(isvc)) if isvc and model_version(isvc).isdigit() else None
-    return version_of(model_name), version_of(canary_name(model_name))
+def numbered_version(isvc: dict | None) -> int | None:
+    """The version an InferenceService serves (None: no InferenceService, or one naming no version)."""
+    return int(model_version(isvc)) if isvc and model_version(isvc).isdigit() else None
 
 
 def track_rollout(cluster: RolloutApi, namespace: str, model_name: str, tracked: tracking.Tracking) -> None:
-    """MLflow's aliases moved to what is served now (trainer.tracking), when the step tracks."""
+    """MLflow's aliases moved to what is served now (trainer.tracking), when the step tracks: the stable
+    InferenceService's version, in the repository its storage URI names, and the canary's."""
     if not tracked.on:
         return
-    stable, canary_version = served_versions(cluster, namespace, model_name)
-    if stable is not None:
-        repository = tracking.repository_of(storage_uri(cluster.get_inference_service(namespace, model_name)))
-        tracking.follow_rollout(tracked, model_name, repository, stable, canary_version)
+    stable = cluster.get_inference_service(namespace, model_name)
+    if (stable_version := numbered_version(stable)) is not None:
+        canary_version = numbered_version(cluster.get_inference_service(namespace, canary_name(model_name)))
+        tracking.follow_rollout(tracked, model_name, tracking.repository_of(storage_uri(stable)),
+                                stable_version, canary_version)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

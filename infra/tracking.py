@@ -103,10 +103,11 @@ def postgres_uri(database_user: str, database: str) -> str:
 
 
 def migrate_container(image: str, backend_uri: str) -> dict:
-    """`mlflow db upgrade` of the server's database, before the server starts: `mlflow server` creates
-    the tables of an empty database but refuses one an older MLflow left ("out-of-date database schema"),
-    so every upgrade of the image would stop the server until someone migrated by hand. MLflow's command
-    creates an empty database's tables and migrates an older one; a current one it leaves as it is."""
+    """`mlflow db upgrade` of the server's database, before the server starts. `mlflow server` (3.17.2)
+    migrates a store missing one of its tables itself, under the pod's startup probe, which can kill it
+    part way (MLflow's migrations are not transactional), and refuses a store whose tables are all there
+    at an older revision ("out-of-date database schema"). MLflow's command creates an empty database's
+    tables and migrates an older one; a current one it leaves as it is."""
     return {
         "name": MIGRATE_CONTAINER, "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["mlflow", "db", "upgrade", backend_uri],

@@ -365,9 +365,6 @@ def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
         progress,
         *([EpochTracking(tracked, run_id, progress)] if run_id else []),
     ]
-    with tracking.ends_with_its_step(tracked, run_id):
-        model.fit(training_input(cluster, train_split, global_batch, strategy), epochs=epochs,
-                  steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
 
     def write_metrics(export_dir: Path) -> dict:
         metrics = {
@@ -391,6 +388,8 @@ def train(config: TrainConfig, cluster: ClusterSpec, gpus: list[Gpu]) -> None:
         return metrics
 
     with tracking.ends_with_its_step(tracked, run_id):
+        model.fit(training_input(cluster, train_split, global_batch, strategy), epochs=epochs,
+                  steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
         export_model(model, cluster, config.export_dir, write_metrics)
     if run_id:
         track_end(tracked, run_id, config)
