@@ -136,3 +136,13 @@ def test_argos_executor_image_is_the_one_the_stacks_controller_config_names():
     # Each image's program is the one command of a static component of that name.
     for component in (components.argoexec("v4.0.5"), components.kserve_agent("v0.20.0")):
         assert component.name in images.PROGRAM_IMAGES and component.static and len(component.commands) == 1
+
+
+def test_a_built_image_is_named_with_buildahs_id_of_it_and_said_cached_when_unchanged(monkeypatch):
+    said, ids = [], iter(["sha256:old", "sha256:new", "sha256:same", "sha256:same", None, None])
+    monkeypatch.setattr(images, "image_id", lambda name: next(ids))
+    assert images.built("x:1", lambda: None, said.append) == images.NodeImage("x:1", "sha256:new")
+    assert images.built("x:1", lambda: None, said.append).image_id == "sha256:same"
+    assert [line.endswith("(cached)") for line in said] == [False, True]
+    with pytest.raises(images.BuildError, match="buildah holds no image x:1 after building it"):
+        images.built("x:1", lambda: None, said.append)

@@ -156,12 +156,17 @@ def image_id(name: str) -> str | None:
     return config["FromImageID"] if config else None
 
 
-def built(name: str, build_image, say) -> None:
-    """Runs `build_image()` and says how long it took and whether it left the image as it was."""
+def built(name: str, build_image, say) -> NodeImage:
+    """Runs `build_image()`, says how long it took and whether it left the image as it was, and returns
+    the image with buildah's ID of it."""
     before, started = image_id(name), time.monotonic()
     build_image()
-    cached = " (cached)" if image_id(name) == before else ""
+    identity = image_id(name)
+    if identity is None:
+        raise BuildError(f"buildah holds no image {name} after building it")
+    cached = " (cached)" if identity == before else ""
     say(f"images: {name} ready in {time.monotonic() - started:.0f} s{cached}")
+    return NodeImage(name, identity)
 
 
 # --- The stand-in base -------------------------------------------------------------------------------
@@ -395,19 +400,11 @@ def program_images(built_programs: list[build.Built], say=print) -> list[NodeIma
         program = by_component[component]
         (binary,) = program.binaries.values()
         name = qualified(image.name(Path(program.module_dir)))
-        built(name, functools.partial(build_program_image, image, name, Path(binary)), say)
-        ready.append(node_image(name))
+        ready.append(built(name, functools.partial(build_program_image, image, name, Path(binary)), say))
     return ready
 
 
 # --- The node's view and the whole -------------------------------------------------------------------------
-
-def node_image(name: str) -> NodeImage:
-    identity = image_id(name)
-    if identity is None:
-        raise BuildError(f"buildah holds no image {name} after building it")
-    return NodeImage(name, identity)
-
 
 def export_argv(name: str) -> list[str]:
     """`name` as a docker-archive carrying its name, on standard output."""
@@ -443,8 +440,7 @@ def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
     ready = []
     for key in chosen:
         name = names[key]
-        built(name, makers.get(key) or functools.partial(build_project, key, name), say)
-        ready.append(node_image(name))
+        ready.append(built(name, makers.get(key) or functools.partial(build_project, key, name), say))
     return ready
 
 
