@@ -76,9 +76,14 @@ def kill_tree(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def trainers(pipeline: subprocess.Popen) -> list[psutil.Process]:
+def children_running(pipeline: subprocess.Popen, module: str) -> list[psutil.Process]:
+    """The pipeline's descendants started as `python -m <module>`."""
     return [child for child in psutil.Process(pipeline.pid).children(recursive=True)
-            if "trainer.train" in command_line(child)]
+            if module in command_line(child)]
+
+
+def trainers(pipeline: subprocess.Popen) -> list[psutil.Process]:
+    return children_running(pipeline, "trainer.train")
 
 
 def test_two_variants_one_under_parameter_servers_publish_version_1_serve_it_then_a_rerun_memoizes(
@@ -265,8 +270,7 @@ def test_the_engine_stops_on_a_signal_its_parent_had_ignored(sample_dir, tmp_pat
                                   preexec_fn=signals_at(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM))
         try:
             deadline = time.monotonic() + 60
-            while not [child for child in psutil.Process(pipeline.pid).children(recursive=True)
-                       if "trainer.ingest" in command_line(child)]:
+            while not children_running(pipeline, "trainer.ingest"):
                 assert pipeline.poll() is None and time.monotonic() < deadline, output.read_text()
                 time.sleep(0.1)
             children = psutil.Process(pipeline.pid).children(recursive=True)
