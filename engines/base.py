@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol
 
 from common.cluster_names import DNS_LABEL_LENGTH, CustomResource
 from common.cluster_target import ClusterTarget
+from common.installs import ChartInstall, Install, KustomizeInstall  # noqa: F401 - engines name them here
 
 ApiCall = tuple[str, str, str]  # (API group, resource, verb): what a step's service account needs
 
@@ -41,26 +42,6 @@ def env_list(env: dict) -> list[dict]:
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
-@dataclasses.dataclass(frozen=True)
-class KustomizeInstall:
-    """A kustomize directory (a URL with its ref) applied server-side."""
-
-    name: str
-    directory: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ChartInstall:
-    """A Helm chart, in its own namespace (created first), with values."""
-
-    name: str
-    chart: str
-    version: str
-    namespace: str
-    values: dict
-
-
-Install = KustomizeInstall | ChartInstall
 
 
 @dataclasses.dataclass(frozen=True)

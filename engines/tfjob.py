@@ -21,7 +21,8 @@ from engines.base import Install, KustomizeInstall, MetricsSource, TrainingEngin
 TFJOB = CustomResource("TFJob", "kubeflow.org", "v1", "tfjobs")
 TFJOB_CONTAINER = "tensorflow"  # the training operator requires this name
 TFJOB_NAME_LABEL = "training.kubeflow.org/job-name"  # the operator labels a TFJob's pods with its name
-TRAINING_OPERATOR = "https://github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref={version}"
+TRAINING_OPERATOR_REPOSITORY = "https://github.com/kubeflow/trainer"  # the training operator's, up to v1.9
+TRAINING_OPERATOR_OVERLAY = "manifests/overlays/standalone"
 # The training operator's Service (manifests/base/service.yaml of kubeflow/trainer v1.9.x): its
 # container port 8080 has no name upstream, the Service's port does.
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
@@ -117,9 +118,8 @@ class TFJobEngine(TrainingEngine):
 
     def installs(self, versions: dict[str, str], namespace: str) -> list[Install]:
         return [
-            KustomizeInstall(
-                "training-operator", TRAINING_OPERATOR.format(version=versions["training_operator_version"])
-            )
+            KustomizeInstall("training-operator", TRAINING_OPERATOR_REPOSITORY,
+                             versions["training_operator_version"], TRAINING_OPERATOR_OVERLAY)
         ]
 
     def metrics(self) -> MetricsSource:

@@ -100,10 +100,16 @@ FAILED_JOB_RULES = (
 # Kubeflow Trainer v2: the controller, its CRDs and webhooks, and the JobSet release it is built on
 # (v2.3.0's overlay pulls JobSet v0.12.0's manifests), in kubeflow-system; upstream applies it
 # server-side, as the provider does everything. No built-in runtime: ours is the pipeline's.
-TRAINER = "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref={version}"
+TRAINER_REPOSITORY = "https://github.com/kubeflow/trainer"
+TRAINER_OVERLAY = "manifests/overlays/manager"
 TRAINER_NAMESPACE = "kubeflow-system"  # the overlay creates it
-KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
+KUEUE_CHARTS = "oci://registry.k8s.io/kueue/charts"
+KUEUE_CHART = "kueue"
 KUEUE_NAMESPACE = "kueue-system"
+# The controller's image as Kueue's release packages its chart (hack/helm-chart-package.sh sets the
+# repository, the tag and IfNotPresent; its chart in the module names a staging image, pulled Always),
+# so that the chart renders the same from the registry and from its module.
+KUEUE_IMAGE = "registry.k8s.io/kueue/kueue"
 # How long Kueue lets an admitted job's pods take to be ready (pulled, scheduled, started) before it
 # evicts the job and queues it again (waitForPodsReady): a new GKE node and a TensorFlow image pull
 # take minutes. Requeues are not limited: the train step's timeout bounds the wait.
@@ -470,19 +476,23 @@ class TrainJobEngine(TrainingEngine):
         ]
 
     def installs(self, versions: dict[str, str], namespace: str) -> list[Install]:
+        kueue = versions["kueue_version"]
         return [
-            KustomizeInstall("trainer", TRAINER.format(version=versions["trainer_version"])),
+            KustomizeInstall("trainer", TRAINER_REPOSITORY, versions["trainer_version"], TRAINER_OVERLAY),
             ChartInstall(
                 "kueue",
                 KUEUE_CHART,
-                versions["kueue_version"].removeprefix("v"),
+                KUEUE_CHARTS,
+                kueue.removeprefix("v"),
                 KUEUE_NAMESPACE,
                 {
+                    "controllerManager": {"manager": {"image": {
+                        "repository": KUEUE_IMAGE, "tag": kueue, "pullPolicy": "IfNotPresent"}}},
                     "managerConfig": {
                         "controllerManagerConfigYaml": yaml.safe_dump(
                             kueue_manager_config(namespace), sort_keys=False
                         )
-                    }
+                    },
                 },
             ),
         ]

@@ -61,6 +61,9 @@ class GatewayPlacement:
     # declared once the cluster serves their CRDs (`crds`).
     policies: tuple[dict, ...] = ()
     crds: tuple[str, ...] = ()
+    # The cluster served the CRDs before the stack began (a cluster the user had): read, so that a
+    # missing one is an error naming it, rather than waited for with kubectl.
+    crds_served: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +71,10 @@ class GatewayArgs:
     placement: GatewayPlacement
     namespace: str
     provider: k8s.Provider
-    kubeconfig: pulumi.Input[str]
+    kubeconfig: pulumi.Input[str] | None  # for the wait for the CRDs (None where they are read)
     depends_on: list[pulumi.Resource]  # the namespace
+    # The system's namespace: `pulumi destroy` deletes these with it (deleted_with), see stacks/compose.py.
+    deleted_with: pulumi.Resource | None = None
 
 
 def gateway_manifest(placement: GatewayPlacement, namespace: str) -> dict:
@@ -109,12 +114,19 @@ class Gateway(pulumi.ComponentResource):
     def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:Gateway", name, None, opts)
         placement = args.placement
-        crds_ready = local.Command(
-            f"{name}-crds-ready", create=crds_ready_script((*GATEWAY_CRDS, *placement.crds)),
-            environment={"KUBECONFIG_CONTENT": args.kubeconfig},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=placement.ready))
+        crds = (*GATEWAY_CRDS, *placement.crds)
+        if placement.crds_served:
+            crds_ready = [k8s.apiextensions.v1.CustomResourceDefinition.get(
+                f"{name}-crd-{crd.partition('.')[0]}", crd,
+                opts=pulumi.ResourceOptions(parent=self, provider=args.provider)) for crd in crds]
+        else:
+            crds_ready = [local.Command(
+                f"{name}-crds-ready", create=crds_ready_script(crds),
+                environment={"KUBECONFIG_CONTENT": args.kubeconfig},
+                opts=pulumi.ResourceOptions(parent=self, depends_on=placement.ready))]
         on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                            depends_on=[*args.depends_on, *placement.ready, crds_ready])
+                                            depends_on=[*args.depends_on, *placement.ready, *crds_ready],
+                                            deleted_with=args.deleted_with)
         # Policies first: a backend the Gateway reaches before its policy would be open meanwhile.
         policies = [declared(f"{name}-{policy['kind'].lower()}-{policy['metadata']['name']}", policy,
                              on_cluster) for policy in placement.policies]

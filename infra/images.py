@@ -98,3 +98,29 @@ class LocalImages(pulumi.ComponentResource):
                              tracking_server=refs[TRACKING_SERVER_IMAGE])
         self.register_outputs({"trainer": refs["trainer"], "serving": refs["serving"],
                                "tracking_server": refs[TRACKING_SERVER_IMAGE]})
+
+
+@dataclasses.dataclass(frozen=True)
+class PushedImagesArgs:
+    registry: str  # host[:port][/path]
+    images: tuple[str, ...]  # which of IMAGE_INPUTS
+    base_image: str | None = None  # the Dockerfiles' BASE_IMAGE; None: their default, python:3.11-slim
+
+
+class PushedImages(pulumi.ComponentResource):
+    """Each image built (BuildKit) and pushed to a registry the cluster pulls from, with the credentials
+    `docker login` stored; pods run them by digest, so what runs is exactly what was pushed."""
+
+    images: pulumi.Output[Images]
+
+    def __init__(self, name: str, args: PushedImagesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("dist-ml:infra:PushedImages", name, None, opts)
+        refs = {}
+        for image in args.images:
+            tag = f"{args.registry.rstrip('/')}/{image_ref(image)}"
+            refs[image] = image_build(f"{name}-{image}", image, [tag], pulumi.ResourceOptions(parent=self),
+                                      args.base_image, push=True).ref  # the tag with the pushed digest
+        self.images = pulumi.Output.all(**refs).apply(lambda pushed: Images(
+            trainer=pushed["trainer"], serving=pushed["serving"],
+            tracking_server=pushed[TRACKING_SERVER_IMAGE]))
+        self.register_outputs({image: ref for image, ref in refs.items()})

@@ -21,6 +21,7 @@ import pulumi_kubernetes as k8s
 from cluster_steps.inference_service import CUSTOM_RUNTIME, PREDICTOR_PORT_NAME
 from common.cluster_names import ISVC_LABEL, canary_name
 from common.cluster_target import PART_OF
+from common.installs import ArtifactSources, ChartInstall, chart_source
 from engines.base import TrainingEngine
 
 NAMESPACE = "monitoring"
@@ -106,6 +107,15 @@ def monitors(namespace: str, model_name: str, runtime: str, engine: TrainingEngi
     return found
 
 
+def chart_install(component: str, version: str, image_mirror: str | None = None) -> ChartInstall:
+    """kube-prometheus-stack, its every image from the mirror if any (the chart's global registry: the
+    operator's Prometheus and Alertmanager too, which no manifest of the chart names)."""
+    values = CHART_VALUES if image_mirror is None else {
+        **CHART_VALUES, "global": {"imageRegistry": image_mirror}}
+    return ChartInstall(CHART, CHART, CHART_REPOSITORY, version, NAMESPACE, values,
+                        release=release_name(component))
+
+
 @dataclasses.dataclass(frozen=True)
 class MonitoringArgs:
     chart_version: str
@@ -115,28 +125,44 @@ class MonitoringArgs:
     engine: TrainingEngine  # pipeline.engine's: what trains, and so what to monitor
     provider: k8s.Provider
     depends_on: list[pulumi.Resource]  # the training engine's install, the system's namespace
+    sources: ArtifactSources = ArtifactSources()
+    own_prometheus: bool = True  # False: the cluster's Prometheus Operator serves the monitors
+    # The system's namespace: `pulumi destroy` deletes what is in it with it (deleted_with), see
+    # stacks/compose.py.
+    deleted_with: pulumi.Resource | None = None
 
 
 class Monitoring(pulumi.ComponentResource):
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:Monitoring", name, None, opts)
         on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE}, opts=on_cluster)
-        chart = k8s.helm.v4.Chart(
-            release_name(name), name=release_name(name), chart=CHART, version=args.chart_version,
-            repository_opts={"repo": CHART_REPOSITORY}, namespace=NAMESPACE, values=CHART_VALUES,
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace]))
+        installed, dashboards = [], args.namespace  # the cluster's own Grafana finds it in the system's
+        if args.own_prometheus:
+            namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE},
+                                              opts=on_cluster)
+            install = chart_install(name, args.chart_version, args.sources.image_mirror)
+            source = chart_source(install, args.sources)
+            installed = [k8s.helm.v4.Chart(
+                release_name(name), name=install.release, chart=source.chart, version=source.version,
+                repository_opts={"repo": source.repository} if source.repository else None,
+                namespace=NAMESPACE, values=install.values,
+                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace])),
+                namespace]
+            dashboards = NAMESPACE
         after_chart = pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                             depends_on=[chart, *args.depends_on])
+                                             depends_on=[*installed, *args.depends_on])
+        in_namespace = pulumi.ResourceOptions.merge(after_chart, pulumi.ResourceOptions(
+            deleted_with=args.deleted_with))
         for manifest in monitors(args.namespace, args.model_name, args.runtime, args.engine):
             k8s.apiextensions.CustomResource(
                 f"{name}-{manifest['metadata']['name']}", api_version=manifest["apiVersion"],
-                kind=manifest["kind"], metadata=manifest["metadata"], spec=manifest["spec"], opts=after_chart)
+                kind=manifest["kind"], metadata=manifest["metadata"], spec=manifest["spec"],
+                opts=in_namespace if manifest["metadata"]["namespace"] == args.namespace else after_chart)
         k8s.core.v1.ConfigMap(
             f"{name}-dashboard",
-            metadata={"name": "dist-ml-dashboard", "namespace": NAMESPACE,
+            metadata={"name": "dist-ml-dashboard", "namespace": dashboards,
                       "labels": {"grafana_dashboard": "1", **PART_OF}},
             data={"dist-ml.json": json.dumps(dashboard(args.namespace, args.model_name, args.engine),
                                              indent=2)},
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace]))
+            opts=in_namespace if dashboards == args.namespace else after_chart)
         self.register_outputs({})

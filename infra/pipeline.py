@@ -47,6 +47,8 @@ class PipelineArgs:
     provider: k8s.Provider
     depends_on: list[pulumi.Resource]  # the platform's CRDs, the images, the storage
     service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
+    # The system's namespace: `pulumi destroy` deletes these with it (deleted_with), see stacks/compose.py.
+    deleted_with: pulumi.Resource | None = None
 
 
 def custom_resource(name: str, api_version: str, kind: str, manifest: pulumi.Output[dict],
@@ -66,16 +68,18 @@ class PipelineResources(pulumi.ComponentResource):
     def __init__(self, name: str, args: PipelineArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:Pipeline", name, None, opts)
         on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        with_namespace = pulumi.ResourceOptions(deleted_with=args.deleted_with)
+        in_namespace = pulumi.ResourceOptions.merge(on_cluster, with_namespace)
         workflow_account = args.config.service_account_name
         identities = [
             service_account(f"{name}-service-account", workflow_account, args.namespace,
-                            args.service_account_annotations, on_cluster),
+                            args.service_account_annotations, in_namespace),
             bound_role(name, workflow_account, args.namespace,
                        workflow_pod_rules(ENGINES[args.config.engine]),
-                       args.namespace, workflow_account, on_cluster),
+                       args.namespace, workflow_account, in_namespace),
             # Training pods read and write storage and call no Kubernetes API.
             service_account(f"{name}-trainer-service-account", TRAINER_SERVICE_ACCOUNT, args.namespace,
-                            args.service_account_annotations, on_cluster),
+                            args.service_account_annotations, in_namespace),
         ]
 
         cache = argo.memo_cache()
@@ -96,14 +100,15 @@ class PipelineResources(pulumi.ComponentResource):
                                     runtime["kind"], objects[argo.runtime_file(runtime)], None, needs)
                     for runtime in argo.training_runtimes(args.config, ClusterTarget())]
         needs = pulumi.ResourceOptions.merge(needs, pulumi.ResourceOptions(depends_on=runtimes))
+        in_namespace = pulumi.ResourceOptions.merge(needs, with_namespace)
         self.workflow_template = custom_resource(
             f"{name}-workflow-template", argo.API_VERSION, "WorkflowTemplate",
-            objects["workflowtemplate.yaml"], args.namespace, needs)
+            objects["workflowtemplate.yaml"], args.namespace, in_namespace)
         if args.run_on_up:
             # Pulumi names it (pipeline-run-<suffix>) in place of Argo's generateName.
             run = objects["workflow.yaml"].apply(lambda workflow: {**workflow, "metadata": {
                 "labels": workflow["metadata"]["labels"], "annotations": SKIP_AWAIT}})
             custom_resource(f"{name}-run", argo.API_VERSION, "Workflow", run, args.namespace,
                             pulumi.ResourceOptions.merge(
-                                needs, pulumi.ResourceOptions(depends_on=[self.workflow_template])))
+                                in_namespace, pulumi.ResourceOptions(depends_on=[self.workflow_template])))
         self.register_outputs({"workflowTemplate": self.workflow_template.metadata["name"]})

@@ -1,6 +1,6 @@
 """Are the command-line tools that `pulumi up` needs here, new enough, and is Docker's daemon up?
 
-    python -m infra.preflight [--stack local|gke]
+    python -m infra.preflight [--stack local|gke|existing]
 
 Prints one `ok:` line per tool with its version and exits 0, or one `problem:` line per missing,
 too old or unreadable tool (and a Docker daemon that does not answer), saying what to install,
@@ -22,7 +22,6 @@ from common.cluster_target import KUBERNETES_MINOR
 
 Version = tuple[int, ...]
 
-STACKS = ("local", "gke")
 VERSION_TIMEOUT_SECONDS = 30.0  # `gcloud version` starts a Python interpreter; seconds on a laptop
 DOCKER_INFO_TIMEOUT_SECONDS = 15.0  # a wedged daemon socket hangs `docker info` for minutes
 DOTTED = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -122,6 +121,9 @@ TOOLS_BY_STACK: dict[str, tuple[Tool, ...]] = {
     "local": (DOCKER, K3D, PULUMI, KUBECTL, GIT),
     # GKE still builds the images with Docker and pushes them; no k3d.
     "gke": (DOCKER, PULUMI, KUBECTL, GCLOUD, GKE_AUTH_PLUGIN, GIT),
+    # A cluster you already have (cluster.kind existing): every wait is the provider's own, so no
+    # kubectl; Docker only when the stack builds the images (images.registry), which `pulumi up` says.
+    "existing": (PULUMI, GIT),
 }
 
 
@@ -210,7 +212,7 @@ def preflight(stack: str) -> list[Finding]:
 
 def parse_args(argv: Sequence[str] | None) -> str:
     parser = cli.OneLineParser(prog="preflight", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stack", choices=STACKS, default="local",
+    parser.add_argument("--stack", choices=tuple(TOOLS_BY_STACK), default="local",
                         help="the Pulumi stack you will deploy (default local)")
     return parser.parse_args(argv).stack
 

@@ -20,6 +20,8 @@ class TrainingQueueArgs:
     namespace: str
     provider: k8s.Provider
     depends_on: list[pulumi.Resource]  # the engine's install (its webhooks check these), the namespace
+    # The system's namespace: `pulumi destroy` deletes these with it (deleted_with), see stacks/compose.py.
+    deleted_with: pulumi.Resource | None = None
 
 
 class TrainingQueue(pulumi.ComponentResource):
@@ -30,6 +32,7 @@ class TrainingQueue(pulumi.ComponentResource):
             declared.append(k8s.apiextensions.CustomResource(
                 f"{name}-{manifest['kind'].lower()}", api_version=manifest["apiVersion"],
                 kind=manifest["kind"], metadata=manifest["metadata"], spec=manifest["spec"],
-                opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                            depends_on=[*args.depends_on, *declared])))
+                opts=pulumi.ResourceOptions(
+                    parent=self, provider=args.provider, depends_on=[*args.depends_on, *declared],
+                    deleted_with=args.deleted_with if manifest["metadata"].get("namespace") else None)))
         self.register_outputs({manifest["kind"]: manifest["metadata"]["name"] for manifest in manifests})

@@ -39,6 +39,8 @@ class ServingArgs:
     depends_on: list[pulumi.Resource]
     # What lets the predictor and the logger use the storage (e.g. a Workload Identity binding).
     service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
+    # The system's namespace: `pulumi destroy` deletes these with it (deleted_with), see stacks/compose.py.
+    deleted_with: pulumi.Resource | None = None
 
 
 def logger_deployment_spec(target: ClusterTarget, labels: dict) -> dict:
@@ -74,7 +76,8 @@ def logger_deployment_spec(target: ClusterTarget, labels: dict) -> dict:
 class Serving(pulumi.ComponentResource):
     def __init__(self, name: str, args: ServingArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:Serving", name, None, opts)
-        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on,
+                                            deleted_with=args.deleted_with)
         labels = {"app.kubernetes.io/name": LOGGER_NAME, **PART_OF}
         service_account(f"{name}-predictor-service-account", PREDICTOR_SERVICE_ACCOUNT, args.namespace,
                         args.service_account_annotations, on_cluster)

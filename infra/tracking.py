@@ -81,6 +81,8 @@ class TrackingServerArgs:
     depends_on: list[pulumi.Resource]
     # What lets the server's pods act as its Google service account (Workload Identity), on GKE.
     service_account_annotations: dict[str, pulumi.Input[str]] = dataclasses.field(default_factory=dict)
+    # The system's namespace: `pulumi destroy` deletes these with it (deleted_with), see stacks/compose.py.
+    deleted_with: pulumi.Resource | None = None
 
 
 def allowed_hosts(namespace: str) -> str:
@@ -189,7 +191,8 @@ def network_policy(namespace: str, labels: dict) -> dict:
 class TrackingServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: TrackingServerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("dist-ml:infra:TrackingServer", name, None, opts)
-        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on)
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=args.depends_on,
+                                            deleted_with=args.deleted_with)
         labels = {"app.kubernetes.io/name": SERVER_NAME, **PART_OF}
         metadata = {"name": SERVER_NAME, "namespace": args.namespace, "labels": labels}
         account = service_account(f"{name}-service-account", SERVER_ACCOUNT, args.namespace,

@@ -6,6 +6,7 @@ outputs that tell a user how to reach the system."""
 from __future__ import annotations
 
 import posixpath
+from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -17,15 +18,16 @@ from common.cluster_target import (
     ClusterStorage,
     ClusterTarget,
 )
+from common.installs import Install, KustomizeInstall
 from common.pod_security import enforcing_labels
 from common.tracking_names import server_uri
 from engines import ENGINES
 from engines.base import QueuePlacement
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
-from infra.monitoring import Monitoring, MonitoringArgs, prometheus_url, release_name
+from infra.monitoring import Monitoring, MonitoringArgs, chart_install, prometheus_url, release_name
 from infra.pipeline import PipelineArgs, PipelineResources
-from infra.platform import Platform, PlatformArgs
+from infra.platform import Platform, PlatformArgs, platform_installs
 from infra.queue import TrainingQueue, TrainingQueueArgs
 from infra.serving import LOGGER_SERVICE_ACCOUNT, Serving, ServingArgs, logger_url
 from infra.tracking import SERVER_ACCOUNT, TrackingServer, TrackingServerArgs
@@ -34,6 +36,8 @@ from pipeline.definition import Layout
 from stacks.kinds import KINDS
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource
 from stacks.settings import StackConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the project: a relative artifactDirectory is under it
 
 
 def storage_users(config: StackConfig) -> tuple[str, ...]:
@@ -49,11 +53,15 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     cluster = kind.cluster()
     # Every pod of ours runs here (the workflow's steps, training, the predictors, the request logger,
     # the tracking server): the API server refuses any that does not meet `restricted`.
+    platform = Platform("platform", platform_args(config, cluster.provider))
+    # After the platform, so that `pulumi destroy` deletes it first: what the workflow made in it
+    # (InferenceServices, TrainJobs, Workflows) carries finalizers the platform's controllers remove.
+    # Every object of ours in it is deleted with it (deleted_with): the namespace controller deletes the
+    # workflow's pods before the claims they mount, which one by one would wait on them for ever.
     namespace = k8s.core.v1.Namespace("namespace", metadata={
         "name": config.namespace, "labels": enforcing_labels(config.cluster.kubernetes_version)},
-        opts=pulumi.ResourceOptions(provider=cluster.provider))
+        opts=pulumi.ResourceOptions(provider=cluster.provider, depends_on=[platform]))
     images = kind.images(cluster)
-    platform = declare_platform(config, cluster.provider, cluster.kubeconfig)
     storage = kind.storage(cluster, namespace, storage_users(config))
     placement = kind.training_placement()
     engine = ENGINES[config.pipeline.engine]
@@ -61,9 +69,10 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
         TrainingQueue("training-queue", TrainingQueueArgs(
             engine=engine, placement=QueuePlacement(placement.pool, placement.node_selector,
                                                     placement.tolerations, placement.quota),
-            namespace=config.namespace, provider=cluster.provider, depends_on=[*platform.ready, namespace]))
+            namespace=config.namespace, provider=cluster.provider, depends_on=[*platform.ready, namespace],
+            deleted_with=namespace))
     needs = [*platform.ready, *images.ready, *storage.ready, namespace]
-    tracking_uri = declare_tracking(config, kind, cluster, images, [*images.ready, namespace])
+    tracking_uri = declare_tracking(config, kind, cluster, images, namespace, images.ready)
     target = pulumi.Output.from_input(images.images).apply(lambda built: ClusterTarget(
         images=built, storage=storage.storage, argo_version=config.platform.argo_version,
         logger_url=logger_url(config.namespace), prometheus_url=cluster_prometheus(config),
@@ -72,19 +81,21 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
         tracking_uri=tracking_uri))
     PipelineResources("pipeline", PipelineArgs(
         config=config.pipeline, target=target, namespace=config.namespace, run_on_up=config.run_on_up,
-        provider=cluster.provider, depends_on=needs, service_account_annotations=storage.account_annotations))
+        provider=cluster.provider, depends_on=needs, service_account_annotations=storage.account_annotations,
+        deleted_with=namespace))
     Serving("serving", ServingArgs(
         target=target, namespace=config.namespace, provider=cluster.provider, depends_on=needs,
-        service_account_annotations=storage.account_annotations))
+        service_account_annotations=storage.account_annotations, deleted_with=namespace))
     gateway = kind.gateway(cluster)
     Gateway("gateway", GatewayArgs(placement=gateway, namespace=config.namespace, provider=cluster.provider,
-                                   kubeconfig=cluster.kubeconfig, depends_on=[namespace]))
+                                   kubeconfig=cluster.kubeconfig, depends_on=[namespace],
+                                   deleted_with=namespace))
     return {**access_outputs(config, cluster.kubeconfig, storage.storage, gateway), **kind.outputs(images),
             **declare_monitoring(config, cluster.provider, platform, namespace)}
 
 
 def declare_tracking(config: StackConfig, kind: ClusterKind, cluster: Cluster, images: ImageSource,
-                     needs: list[pulumi.Resource]) -> str | None:
+                     namespace: k8s.core.v1.Namespace, needs: list[pulumi.Resource]) -> str | None:
     """Where the pipeline's pods track (None: nowhere): `pipeline.tracking.uri` when the stack names a
     server of its own, else the tracking server this declares with the kind's backend."""
     tracking = config.pipeline.tracking
@@ -96,7 +107,8 @@ def declare_tracking(config: StackConfig, kind: ClusterKind, cluster: Cluster, i
     TrackingServer("tracking", TrackingServerArgs(
         image=pulumi.Output.from_input(images.images).apply(lambda built: built.tracking_server),
         namespace=config.namespace, backend=placement.backend, provider=cluster.provider,
-        depends_on=[*needs, *placement.ready], service_account_annotations=placement.account_annotations))
+        depends_on=[*needs, namespace, *placement.ready],
+        service_account_annotations=placement.account_annotations, deleted_with=namespace))
     return server_uri(config.namespace)
 
 
@@ -104,24 +116,47 @@ MONITORING = "monitoring"  # the Monitoring component's name, which its chart's 
 
 
 def cluster_prometheus(config: StackConfig) -> str | None:
-    """Where the predictor's load is read from: the stack's Prometheus, if it has monitoring."""
-    return prometheus_url(MONITORING) if config.monitoring.enabled else None
+    """Where the predictor's load is read from: the stack's Prometheus (or the cluster's own), if it
+    has monitoring."""
+    if not config.monitoring.enabled:
+        return None
+    return config.monitoring.prometheus_url or prometheus_url(MONITORING)
 
 
-def declare_platform(config: StackConfig, provider: k8s.Provider, kubeconfig: pulumi.Input[str]) -> Platform:
+def platform_args(config: StackConfig, provider: k8s.Provider | None) -> PlatformArgs:
     """The platform; with KEDA only when serving scales on load (three pods and an external-metrics
     API service that nothing would use otherwise)."""
     versions = config.platform
     engine = ENGINES[config.pipeline.engine]
-    return Platform("platform", PlatformArgs(
+    return PlatformArgs(
         engine=engine,
         engine_versions={field: getattr(versions, field) for field in engine.stack_keys.get("platform", ())},
         namespace=config.namespace,
         argo_version=versions.argo_version,
-        cert_manager_version=versions.cert_manager_version,
+        cert_manager_version=versions.cert_manager_version if versions.install_cert_manager else None,
         kserve_version=versions.kserve_version,
-        provider=provider, kubeconfig=kubeconfig,
-        keda_version=versions.keda_version if config.pipeline.serving.autoscaling.on_load else None))
+        provider=provider, sources=versions.sources(REPO_ROOT),
+        controller_requests=(versions.controller_requests.as_requests() if versions.controller_requests
+                             else {}),
+        keda_version=versions.keda_version if config.pipeline.serving.autoscaling.on_load else None)
+
+
+def installed_artifacts(config: StackConfig) -> list[Install]:
+    """Every chart and kustomization the stack installs: what its artifact directory must hold."""
+    installs = platform_installs(platform_args(config, None)).all()
+    if config.monitoring.enabled and config.monitoring.prometheus_url is None:
+        installs.append(chart_install(MONITORING, config.monitoring.kube_prometheus_stack_version))
+    return installs
+
+
+def missing_artifacts(config: StackConfig) -> list[str]:
+    """What the artifact directory lacks of installed_artifacts (none without a directory)."""
+    sources = config.platform.sources(REPO_ROOT)
+    if sources.directory is None:
+        return []
+    wanted = [install.artifact for install in installed_artifacts(config)
+              if isinstance(install, KustomizeInstall) or sources.chart_mirror is None]
+    return [path for path in dict.fromkeys(wanted) if not (Path(sources.directory) / path).exists()]
 
 
 def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Platform,
@@ -130,23 +165,27 @@ def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Pl
     namespaces); returns its stack outputs (none when disabled)."""
     if not config.monitoring.enabled:
         return {}
+    own = config.monitoring.prometheus_url is None
     Monitoring(MONITORING, MonitoringArgs(
         chart_version=config.monitoring.kube_prometheus_stack_version, namespace=config.namespace,
         model_name=config.pipeline.model_name, runtime=config.pipeline.serving.runtime,
         engine=ENGINES[config.pipeline.engine], provider=provider,
-        depends_on=[*platform.ready, namespace]))
+        depends_on=[*platform.ready, namespace], sources=config.platform.sources(REPO_ROOT),
+        own_prometheus=own, deleted_with=namespace))
+    if not own:
+        return {}
     return {"grafana": f"kubectl -n {MONITORING_NAMESPACE} port-forward "
                        f"service/{release_name(MONITORING)}-grafana 3000:80"}
 
 
-def access_outputs(config: StackConfig, kubeconfig: pulumi.Input[str], storage: ClusterStorage,
+def access_outputs(config: StackConfig, kubeconfig: pulumi.Input[str] | None, storage: ClusterStorage,
                    gateway: GatewayPlacement) -> dict[str, pulumi.Input]:
     """How a user reaches the system. Requests go through the Gateway, whose route splits them
     between the stable and the canary version: never straight to one predictor."""
     model = config.pipeline.model_name
     address = {"inferenceAddress": gateway.address_hint} if gateway.address_hint else {}
     return {
-        "kubeconfig": kubeconfig,
+        **({"kubeconfig": kubeconfig} if kubeconfig is not None else {}),
         # The pipeline's serve step creates them, with the version the run published.
         "inferenceService": f"{config.namespace}/{model}",
         "inferenceRoute": f"{config.namespace}/{route_name(model)}",

@@ -62,6 +62,9 @@ class Declared:
     parent: str = ""
     # `pulumi destroy` leaves it in the cloud and forgets it (ResourceOptions.retain_on_delete).
     retained_on_delete: bool = False
+    # The name of the resource whose deletion deletes it too (ResourceOptions.deleted_with): not
+    # deleted on its own by `pulumi destroy`.
+    deleted_with: str = ""
 
     @property
     def is_kubernetes_object(self) -> bool:

@@ -8,7 +8,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from pipeline.validation import ConfigError
-from stacks.compose import define_stack
+from stacks.compose import define_stack, missing_artifacts
 from stacks.config import from_pulumi_values, parse_stack_config
 from stacks.settings import PROJECT
 
@@ -74,5 +74,10 @@ def main() -> None:
         config = parse_stack_config(from_pulumi_values(stack_values.values))
     except ConfigError as error:
         raise pulumi.RunError(f"stack config: {error}") from None  # one line, no traceback
+    missing = missing_artifacts(config)
+    if missing:
+        directory = config.platform.artifact_directory
+        raise pulumi.RunError(f"stack config: platform.artifactDirectory: {directory} lacks "
+                              f"{', '.join(missing)} (docs/guides/air-gapped.md says what goes there)")
     for name, value in exported(define_stack(config), stack_values.secret_keys).items():
         pulumi.export(name, value)

@@ -67,13 +67,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.parents: dict[tuple[str, str], str] = {}  # (type, name) -> the parent's name
         self.deleted_before_replaced: set[tuple[str, str]] = set()
         self.retained_on_delete: set[tuple[str, str]] = set()
+        self.deleted_with: dict[tuple[str, str], str] = {}  # (type, name) -> the resource it goes with
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         key = (args.typ, args.name)
         self.declared.append(Declared(args.typ, args.name, plain(args.inputs), bool(args.custom),
                                       self.dependencies.get(key, frozenset()),
                                       key in self.deleted_before_replaced, self.parents.get(key, ""),
-                                      key in self.retained_on_delete))
+                                      key in self.retained_on_delete, self.deleted_with.get(key, "")))
         state = dict(args.inputs)
         if args.typ == "command:local:Command":
             state["stdout"] = command_output(args.inputs)
@@ -124,6 +125,9 @@ class RecordingMonitor(MockMonitor):
             self.recording.deleted_before_replaced.add((request.type, request.name))
         if request.retainOnDelete:
             self.recording.retained_on_delete.add((request.type, request.name))
+        if request.deletedWith:
+            key = (request.type, request.name)
+            self.recording.deleted_with[key] = request.deletedWith.rpartition("::")[2]
         return super().RegisterResource(request)
 
 
@@ -157,6 +161,9 @@ def install_mocks(stack: str, values: Mapping[str, str]) -> RecordingMocks:
     # The runtime schedules its calls on the current event loop; asyncio.run() elsewhere in the
     # process may have left none.
     asyncio.set_event_loop(asyncio.new_event_loop())
+    # A root stack of this run's own: one a program that stopped early (a config error) left behind
+    # holds futures of the loop it ran on.
+    pulumi.runtime.reset_options(project=PROJECT, stack=stack)
     mocks = RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False,
                              monitor=RecordingMonitor(mocks))

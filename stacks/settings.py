@@ -10,11 +10,13 @@ model (PipelineSections).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
 from pydantic import Field, model_validator
 
 from common.cluster_target import DEFAULT_ARGO_VERSION, GPU_RESOURCE
+from common.installs import ArtifactSources
 from common.tracking_names import tracking_uri_problem
 from engines import ENGINES
 from pipeline.argo import SUPPORTED_ARGO_VERSION
@@ -26,7 +28,7 @@ from pipeline.config import (
     ScalingMetric,
     ServingConfig,
 )
-from pipeline.validation import DnsLabel, Flag, Quantity, Section, fail, matching, quantity_value
+from pipeline.validation import DnsLabel, Flag, Quantity, Section, Text, fail, matching, quantity_value
 from trainer.cluster import NODE_JOB, jobset_replicas
 
 PROJECT = "dist-ml"
@@ -36,9 +38,23 @@ ArgoRelease = matching(SUPPORTED_ARGO_VERSION.pattern, "an Argo Workflows releas
 ChartVersion = matching(r"^[0-9]+\.[0-9]+\.[0-9]+$", "a chart version like 80.4.1")
 ImageReference = matching(r"^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(@sha256:[0-9a-f]{64})?$",
                           "an image reference like mirror.example/library/python:3.11-slim")
+Registry = matching(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9._-]+)*$",
+                    "a registry and optional path like registry.example:5000/mirror")
+OciRepository = matching(r"^oci://[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9._-]+)*$",
+                         "an OCI repository like oci://registry.example/charts")
+HttpUrl = matching(r"^https?://[^\s/]+(/\S*)?$", "an http(s) URL like http://prometheus.monitoring.svc:9090")
 
 
 # --- Sections every stack has -----------------------------------------------------------------------
+
+class ControllerRequests(Section):
+    """`platform.controllerRequests`: each controller container's requests."""
+    cpu: Quantity | None = Field(None, description="CPU each asks for")
+    memory: Quantity | None = Field(None, description="memory each asks for")
+
+    def as_requests(self) -> dict[str, str]:
+        return {name: value for name, value in (("cpu", self.cpu), ("memory", self.memory)) if value}
+
 
 class PlatformConfig(Section):
     """The `platform` section: what runs the pipeline and serving on the cluster."""
@@ -52,12 +68,41 @@ class PlatformConfig(Section):
         "v1.21.2", description="cert-manager (tested on Kubernetes 1.33 - 1.36)")
     kserve_version: ReleaseTag = Field("v0.20.0", description="KServe charts (Standard mode)")
     keda_version: ChartVersion = Field(
-        "2.21.0", description="KEDA chart (kedacore/keda; tested on Kubernetes 1.34 - 1.36), installed "
-                              "when serving.autoscaling.metric is inflight or rps")
+        "2.21.0", description="KEDA (its release YAML's kustomization; tested on Kubernetes 1.34 - 1.36), "
+                              "installed when serving.autoscaling.metric is inflight or rps")
+    install_cert_manager: Flag = Field(
+        True, description="false: the cluster runs cert-manager already (its CRDs and webhook), as many "
+                          "clusters do; the stack installs none")
+    artifact_directory: Text | None = Field(
+        None, description="air-gapped: every chart and kustomization the platform installs, from this "
+                          "directory instead of upstream (docs/guides/air-gapped.md; relative to the "
+                          "project)")
+    chart_mirror: OciRepository | None = Field(
+        None, description="air-gapped: every chart from this OCI repository (helm push of each chart at its "
+                          "version) instead of upstream; kustomizations from artifactDirectory or upstream")
+    controller_requests: ControllerRequests | None = Field(
+        None, description="what each container of the platform's controllers asks for (their limits kept), "
+                          "for a small cluster: upstream's ask for about 1.5 CPUs in all (Kueue's and "
+                          "JobSet's 500m each); default: upstream's")
+    image_mirror: Registry | None = Field(
+        None, description="air-gapped: every image the platform's manifests name, from this registry under "
+                          "the same path (registry.k8s.io/kueue/kueue:v0.19.2 -> "
+                          "<mirror>/kueue/kueue:v0.19.2)")
+
+    def sources(self, root: Path) -> ArtifactSources:
+        """Where the platform's artifacts come from; a relative artifactDirectory is the project's."""
+        directory = self.artifact_directory and str((root / self.artifact_directory).resolve())
+        return ArtifactSources(directory=directory, chart_mirror=self.chart_mirror,
+                               image_mirror=self.image_mirror)
+
+
+EXISTING_ONLY = "applies only to cluster.kind existing, whose images you may push yourself"
 
 
 class ImagesConfig(Section):
     """The `images` section: how the stack builds the project's images."""
+    NOT_HERE: ClassVar[dict[str, str]] = {key: EXISTING_ONLY for key in (
+        "registry", "trainer", "serving", "trackingServer")}
     base_image: ImageReference | None = Field(
         None, description="the images' base, for a builder without Docker Hub: a mirror's copy of "
                           "python:3.11-slim (default: python:3.11-slim, the Dockerfiles' BASE_IMAGE)")
@@ -67,6 +112,17 @@ class MonitoringConfig(Section):
     """The `monitoring` section: kube-prometheus-stack, the monitors and the dist-ml dashboard."""
     enabled: Flag = Field(False, description="install monitoring (default: false on k3d, true on gke)")
     kube_prometheus_stack_version: ChartVersion = Field("80.4.1", description="kube-prometheus-stack chart")
+    prometheus_url: HttpUrl | None = Field(
+        None, description="the cluster's own Prometheus, run by its Prometheus Operator (whose PodMonitor "
+                          "and ServiceMonitor the stack declares): no kube-prometheus-stack is installed, "
+                          "and KEDA reads the load here")
+
+    @model_validator(mode="after")
+    def _own_prometheus_is_monitoring(self) -> MonitoringConfig:
+        if self.prometheus_url is not None and not self.enabled:
+            raise fail("names the Prometheus the stack's monitors and KEDA use, and monitoring.enabled is "
+                       "false: set it true, or remove prometheusUrl", "prometheusUrl")
+        return self
 
 
 class TrainingQuota(Section):

@@ -13,6 +13,7 @@ import ipaddress
 import json
 import re
 
+import pulumi
 import pytest
 import stack_checks
 import yaml
@@ -36,6 +37,7 @@ from engines import ENGINES, engine_of_job
 from engines.trainjob import TRAINER_NAMESPACE
 from infra import gke_endpoint, k3d
 from infra.pipeline import workflow_pod_rules
+from infra.platform import ca_injected_transform
 from pipeline import argo
 from pipeline.definition import Layout
 from stacks import render
@@ -55,6 +57,7 @@ ACTION_VERBS = {"create": {"create"}, "apply": {"get", "create", "patch"}, "dele
                 "patch": {"get", "patch"}}
 # Who creates the namespaces the platform's own manifests put objects in (k3s's kube-system comes with
 # the cluster: only the local stack puts an object there, Traefik's HelmChartConfig).
+SYSTEM_NAMESPACE = "dist-ml"  # both stack files'
 NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", TRAINER_NAMESPACE: "platform-trainer",
                       "cert-manager": "platform-cert-manager", "kube-system": "cluster-cluster"}
 
@@ -501,11 +504,41 @@ def test_every_namespaced_object_waits_for_its_namespace(stack):
             assert creators[namespace] in closure(stack, resource.name), (resource.name, namespace)
 
 
+def test_destroy_deletes_the_systems_namespace_before_the_platform_and_what_is_in_it_with_it(stack):
+    """What the workflow makes in the system's namespace (InferenceServices, TrainJobs, Workflows) carries
+    finalizers the platform's controllers remove, and its pods mount the stack's claims: `pulumi destroy`
+    deletes the namespace while the controllers run, and lets the namespace controller delete what is in
+    it, pods first (one by one, a claim in use would wait for ever). tests/e2e_node destroys for real."""
+    (namespace,) = [r for r in stack.of_type("kubernetes:core/v1:Namespace")
+                    if r.inputs["metadata"]["name"] == SYSTEM_NAMESPACE]
+    installs = {r.name for r in stack.resources if r.parent == "platform"}
+    assert installs and installs <= closure(stack, namespace.name)
+    for resource in stack.resources:
+        if resource.is_kubernetes_object:
+            inside = resource.inputs["metadata"].get("namespace") == SYSTEM_NAMESPACE
+            assert resource.deleted_with == (namespace.name if inside else ""), resource.name
+
+
 def test_kserve_is_installed_only_once_cert_managers_webhook_has_its_ca(stack):
-    waits = closure(stack, "platform-kserve-resources")
-    assert {"platform-cert-manager-ready", "platform-cert-manager"} <= waits
-    (ready,) = [r for r in stack.of_type("command:local:Command") if r.name == "platform-cert-manager-ready"]
-    assert "caBundle" in ready.inputs["create"] and "--timeout=" in ready.inputs["create"]
+    """KServe's chart waits for cert-manager's, whose webhook configurations the provider awaits until
+    cainjector has written their CA (`pulumi.com/waitFor`, set by a transform on the chart's objects:
+    the real engine applies it; under mocks the chart's objects are not rendered, so it is called here).
+    The control-plane tier does not run cert-manager (docs/development.md): this is the hand check."""
+    assert "platform-cert-manager" in closure(stack, "platform-kserve-resources")
+    assert not stack.of_type("command:local:Command") or all(
+        "cert-manager" not in r.name for r in stack.of_type("command:local:Command"))
+    webhook = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+               "metadata": {"name": "cert-manager-webhook", "annotations": {"cert-manager.io/x": "y"}},
+               "webhooks": [{"name": "webhook.cert-manager.io", "clientConfig": {"service": {}}}]}
+    transformed = ca_injected_transform(pulumi.ResourceTransformArgs(
+        True, "kubernetes:admissionregistration.k8s.io/v1:ValidatingWebhookConfiguration", "w", webhook,
+        pulumi.ResourceOptions()))
+    assert transformed.props["metadata"]["annotations"] == {
+        "cert-manager.io/x": "y", "pulumi.com/waitFor": "jsonpath={.webhooks[0].clientConfig.caBundle}"}
+    other = {**webhook, "metadata": {"name": "kserve-webhook"}}
+    assert ca_injected_transform(pulumi.ResourceTransformArgs(
+        True, "kubernetes:admissionregistration.k8s.io/v1:ValidatingWebhookConfiguration", "w", other,
+        pulumi.ResourceOptions())) is None
 
 
 def test_a_changed_k3d_cluster_is_deleted_before_its_namesake_is_created(local):

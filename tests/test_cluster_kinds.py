@@ -126,10 +126,11 @@ def test_a_plugged_in_kind_parses_its_own_config_and_refuses_the_others_keys(fak
     assert config.cluster_kind == "fake" and config.cluster.name == "lab"
     with pytest.raises(ConfigError, match="^cluster.agents: "):
         parse_stack_config({"cluster": {"kind": "fake", "agents": 2}})
-    with pytest.raises(ConfigError, match="^cluster.kind: must be one of k3d, gke, fake, got 'eks'"):
+    kinds = "k3d, gke, existing, fake"
+    with pytest.raises(ConfigError, match=f"^cluster.kind: must be one of {kinds}, got 'eks'"):
         parse_stack_config({"cluster": {"kind": "eks"}})
 
 
 def test_without_its_registry_line_the_kind_does_not_exist():
-    with pytest.raises(ConfigError, match="^cluster.kind: must be one of k3d, gke, got 'fake'"):
+    with pytest.raises(ConfigError, match="^cluster.kind: must be one of k3d, gke, existing, got 'fake'"):
         parse_stack_config({"cluster": {"kind": "fake"}})

@@ -126,7 +126,7 @@ class ToyEngine(TrainingEngine):
         }
 
     def installs(self, versions: dict[str, str], namespace: str) -> list[Install]:
-        return [KustomizeInstall("toy-operator", "https://example.com/toy-operator?ref=v1.0.0")]
+        return [KustomizeInstall("toy-operator", "https://example.com/toy-operator", "v1.0.0", "config")]
 
     def metrics(self) -> MetricsSource:
         return MetricsSource("toy-operator", "toy-system", {"app": "toy-operator"}, {"port": "metrics"})
@@ -157,7 +157,7 @@ def test_a_third_engine_plugs_in_with_its_module_and_its_registration(monkeypatc
     assert toy["kind"] == "ToyJob" and toy["spec"]["workers"] == 2
     rendered = render.render("local", local_values(engine="toy", variants=["cnn"]))
     directories = [r.inputs["directory"] for r in rendered.of_type("kubernetes:kustomize/v2:Directory")]
-    assert directories == ["https://example.com/toy-operator?ref=v1.0.0"]
+    assert "https://example.com/toy-operator.git/config?ref=v1.0.0" in directories
     assert not [o for o in rendered.objects if o["kind"] in ("ClusterQueue", "ClusterTrainingRuntime")]
     assert embedded(template_of(rendered), "train-cnn")["kind"] == "ToyJob"
 

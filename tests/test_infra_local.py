@@ -43,15 +43,18 @@ def test_the_graph_holds_every_component(default_stack):
     assert any(c.startswith("k3d cluster create dist-ml --servers=1 --agents=0 "
                             f"--image={K3S_IMAGE}") for c in commands)
     assert sum("k3d image import dist-ml/" in c for c in commands) == 3  # trainer, serving, tracking server
-    (trainer,) = default_stack.of_type("kubernetes:kustomize/v2:Directory")
-    assert trainer.inputs["directory"] == ("https://github.com/kubeflow/trainer.git/manifests/overlays/manager"
-                                           "?ref=v2.3.0")
-    files = {r.inputs["file"] for r in default_stack.of_type("kubernetes:yaml/v2:ConfigFile")}
-    assert "https://github.com/argoproj/argo-workflows/releases/download/v4.1.2/install.yaml" in files
-    assert any("cert-manager/releases/download/v1.21.2/" in f for f in files)
+    directories = {r.inputs["directory"] for r in default_stack.of_type("kubernetes:kustomize/v2:Directory")}
+    # Trainer's overlay and Argo's cluster install, each from its repository at its tag (KEDA's only when
+    # serving scales on load: tests/test_autoscaling.py).
+    assert directories == {"https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0",
+                           "https://github.com/argoproj/argo-workflows.git/manifests/cluster-install?ref=v4.1.2"}
+    assert not default_stack.of_type("kubernetes:yaml/v2:ConfigFile")  # no release YAML: what modules hold
     charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs for r in
               default_stack.of_type("kubernetes:helm.sh/v4:Chart")}
-    assert set(charts) == {"kserve-crd", "kserve-resources", "kserve-runtime-configs", "kueue"}
+    assert set(charts) == {"cert-manager", "kserve-crd", "kserve-resources", "kserve-runtime-configs",
+                           "kueue"}
+    assert (charts["cert-manager"]["repositoryOpts"], charts["cert-manager"]["version"]) == (
+        {"repo": "https://charts.jetstack.io"}, "v1.21.2")
     assert {charts[c]["version"] for c in ("kserve-crd", "kserve-resources", "kserve-runtime-configs")} == {
         "v0.20.0"}
     assert (charts["kueue"]["chart"], charts["kueue"]["version"]) == ("oci://registry.k8s.io/kueue/charts/kueue",
@@ -87,12 +90,11 @@ def test_config_changes_the_objects(validate_crd):
     assert (predictor["minReplicas"], predictor["maxReplicas"], predictor["scaleTarget"]) == (2, 5, 50)
     charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs["version"]
               for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")}
-    assert charts == {"kserve-crd": "v0.19.0", "kserve-resources": "v0.19.0",
+    assert charts == {"cert-manager": "v1.21.2", "kserve-crd": "v0.19.0", "kserve-resources": "v0.19.0",
                       "kserve-runtime-configs": "v0.19.0", "kueue": "0.19.3"}
-    files = {r.inputs["file"] for r in rendered.of_type("kubernetes:yaml/v2:ConfigFile")}
-    assert any("argo-workflows/releases/download/v3.7.18/" in f for f in files)
-    (trainer,) = rendered.of_type("kubernetes:kustomize/v2:Directory")
-    assert trainer.inputs["directory"].endswith("?ref=v2.3.1")
+    directories = {r.inputs["directory"] for r in rendered.of_type("kubernetes:kustomize/v2:Directory")}
+    assert directories == {"https://github.com/argoproj/argo-workflows.git/manifests/cluster-install?ref=v3.7.18",
+                           "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.1"}
     (queue,) = objects_of(rendered, "ClusterQueue")
     (quota,) = queue["spec"]["resourceGroups"][0]["flavors"]
     assert {r["name"]: r["nominalQuota"] for r in quota["resources"]} == {"cpu": "3", "memory": "5Gi"}
@@ -149,8 +151,8 @@ def test_the_tfjob_engine_installs_the_training_operator_instead_and_its_steps_c
     values = stack_values(pipeline={"engine": "tfjob"}, platform=platform, cluster={"trainingQuota": None})
     rendered = render.render("local", values)
     validate_all(rendered, validate_crd, "v4", KUBERNETES_MINOR)
-    (operator,) = rendered.of_type("kubernetes:kustomize/v2:Directory")
-    assert operator.inputs["directory"].endswith("manifests/overlays/standalone?ref=v1.9.3")
+    directories = {r.inputs["directory"] for r in rendered.of_type("kubernetes:kustomize/v2:Directory")}
+    assert "https://github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.3" in directories
     assert not [r for r in rendered.of_type("kubernetes:helm.sh/v4:Chart") if "kueue" in r.inputs["chart"]]
     kinds = {o["kind"] for o in rendered.objects}
     assert not kinds & {"ClusterTrainingRuntime", "ResourceFlavor", "ClusterQueue", "LocalQueue"}

@@ -85,7 +85,7 @@ def test_a_partial_section_keeps_the_other_defaults():
 
 
 MORE_BAD_STACK_CONFIG = [
-    ({"cluster": {"kind": "eks"}}, "cluster.kind: must be one of k3d, gke, got 'eks'"),
+    ({"cluster": {"kind": "eks"}}, "cluster.kind: must be one of k3d, gke, existing, got 'eks'"),
     ({}, "cluster.kind: is required: one of k3d, gke"),
     ({"cluster": "k3d"}, "cluster: must be a mapping of settings, got str"),
     ({"cluster": {"kind": "k3d", "nodePools": {}}}, "cluster.nodePools: does not apply to cluster.kind k3d"),

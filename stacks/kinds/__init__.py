@@ -11,10 +11,12 @@ kinds. tests/test_cluster_kinds.py plugs in a fake kind that way.
 from __future__ import annotations
 
 from stacks.kinds.base import ClusterKind
+from stacks.kinds.existing import ExistingKind
 from stacks.kinds.gke import GkeKind
 from stacks.kinds.k3d import K3dKind
 
 KINDS: dict[str, type[ClusterKind]] = {
     "k3d": K3dKind,
     "gke": GkeKind,
+    "existing": ExistingKind,
 }

@@ -26,7 +26,7 @@ from stacks.settings import StackConfig, StackSettings
 @dataclasses.dataclass(frozen=True)
 class Cluster:
     provider: k8s.Provider  # every Kubernetes object goes through it
-    kubeconfig: pulumi.Output[str]  # a secret
+    kubeconfig: pulumi.Output[str] | None  # a secret; None for a cluster the user's own kubeconfig reaches
 
 
 @dataclasses.dataclass(frozen=True)

@@ -141,7 +141,8 @@ class K3dKind(ClusterKind):
         config = self.config.storage
         storage = PvcStorage("storage", PvcStorageArgs(
             namespace=self.config.namespace, size=config.size, access_mode=config.access_mode,
-            storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace]))
+            storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace],
+            deleted_with=namespace))
         return Storage(storage=storage.storage, ready=[storage])
 
     def tracking(self, cluster: Cluster, service_account: str) -> TrackingPlacement:
