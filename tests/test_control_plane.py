@@ -107,7 +107,7 @@ def test_argoexec_is_built_static_from_a_copy_of_argos_module_with_its_links_res
     monkeypatch.setattr(build, "stamped_binaries_dir", lambda component: tmp_path / "stamped" / "x")
     component = components.argoexec("v4.0.5")
     assert component.static and component.module == components.argo("v4.0.5").module
-    source = build.with_links(component, module)
+    source = build.source_copy(component, module)
     linked = source / "workflow" / "executor" / "osspecific" / "signal_linux.go"
     assert linked.read_text() == "package osspecific\n"
     wrapper = build.wrapper_go_mod(component, {"Go": "1.24.0"}, source)
@@ -165,7 +165,7 @@ def test_kube_router_runs_with_the_rights_its_own_install_grants(tmp_path):
 
 
 def test_kubernetes_programs_carry_their_release_as_its_build_stamps_it():
-    flags = build.release_ldflags("v1.33.4")
+    flags = components.kubernetes("v1.33.4").stamps()
     for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
         for setting in ("gitMajor=1", "gitMinor=33", "gitVersion=v1.33.4"):
             assert f"-X {package}.{setting}" in flags
@@ -258,7 +258,45 @@ def test_a_component_the_proxy_does_not_serve_at_its_pin_is_substituted_only_whe
         expected = rf"^{name}: the module proxy serves no example.com/{name}@v1.1.0 \(platform.someVersion's"
         with pytest.raises(build.BuildError, match=expected):
             build.version_to_build(component, "v1.1.0")
-    assert set(components.SUBSTITUTES) == {"argo"}
+    assert set(components.SUBSTITUTES) == {"argo", "pulumi", "pulumi-kubernetes"}
+
+
+def test_a_declared_substitute_version_is_built_only_where_the_pin_is_not_served(monkeypatch):
+    """The engine and the provider have substitutes that are not the newest release before their pins
+    (the engine's is after the SDK's, the provider's a commit): the pin itself when the proxy serves it."""
+    component = components.pulumi("v3.272.0")
+    monkeypatch.setattr(build, "is_served", lambda module, version: False)
+    assert build.version_to_build(component, "v3.272.0") == components.SUBSTITUTE_VERSIONS["pulumi"]
+    monkeypatch.setattr(build, "is_served", lambda module, version: True)
+    assert build.version_to_build(component, "v3.272.0") == "v3.272.0"
+
+
+def test_the_provider_is_stamped_with_the_release_its_commit_is_tagged_as():
+    provider = components.pulumi_kubernetes(components.SUBSTITUTE_VERSIONS["pulumi-kubernetes"], "v4.24.0")
+    assert provider.stamps().endswith("/pkg/version.Version=4.25.0")
+    assert dict(provider.generate_env) == {"VERSION": "4.25.0"}
+    assert provider.siblings == (("../sdk", components.PULUMI_KUBERNETES_SDK_MODULE, "v4.24.0"),)
+    assert components.pulumi_kubernetes("v4.34.2", "v4.34.2").stamps().endswith("Version=4.34.2")
+
+
+def test_a_copy_has_the_files_upstreams_build_makes_and_its_repositorys_modules_beside_it(
+        tmp_path, monkeypatch):
+    module, sdk = tmp_path / "provider@v1", tmp_path / "sdk@v1"
+    (module / "cmd").mkdir(parents=True)
+    (sdk / "go").mkdir(parents=True)
+    monkeypatch.setattr(build, "stamped_binaries_dir", lambda component: tmp_path / "stamped" / "x")
+    monkeypatch.setattr(build, "download", lambda name, version: {"Dir": str(sdk)})
+    generated = []
+    monkeypatch.setattr(build, "go", lambda *args, cwd, env=None, **kw: generated.append((args, cwd, env)))
+    component = components.Component(
+        "thing", "example.com/thing", "v1.0.0", (), "x", files=(("ui/index.html", "<p>"),),
+        siblings=(("../sdk", "example.com/sdk", "v1.0.0"),), generate=("cmd",),
+        generate_env=(("VERSION", "1"),))
+    source = build.source_copy(component, module)
+    assert (source / "ui" / "index.html").read_text() == "<p>"
+    assert (source.parent / "sdk" / "go").is_dir()
+    assert generated == [(("generate", "./cmd"), source, {"VERSION": "1"})]
+    assert build.source_copy(component, module) == source and len(generated) == 1  # made once
 
 
 def test_the_tier_will_not_bind_its_fixed_ports_outside_its_own_namespace(tmp_path, monkeypatch):

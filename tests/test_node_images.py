@@ -125,17 +125,24 @@ def test_an_unreachable_debian_mirror_is_unavailable_not_a_build_error(monkeypat
         images.build_standin()
 
 
-def test_argos_executor_image_is_the_one_the_stacks_controller_config_names():
+def test_each_platform_image_is_a_static_program_named_as_the_stacks_config_names_it():
     from pipeline.argo import executor_config
-    from tools.control_plane import components
+    from tools.control_plane import build, components
 
-    assert images.executor_name() == executor_config(components.pins().argo)["image"]
-    executor = images.PROGRAM_IMAGES["argoexec"]
+    pins = components.pins()
+    by_name = {image.component: image for image in images.PROGRAM_IMAGES if image.component == "argoexec"}
+    executor = by_name["argoexec"]
+    argo = build.Built("argoexec", "m", "v4.0.5", pins.argo, "x", "/m", {})
+    assert executor.image_name(argo) == executor_config(pins.argo)["image"]
     # Upstream's argoexec-nonroot: a user of its own, which the restricted step pods require.
     assert executor.user == 8737 and executor.path == "/bin/argoexec"
-    # Each image's program is the one command of a static component of that name.
-    for component in (components.argoexec("v4.0.5"), components.kserve_agent("v0.20.0")):
-        assert component.name in images.PROGRAM_IMAGES and component.static and len(component.commands) == 1
+    makers = {name: getattr(components, name.replace("-", "_")) for name in
+              {image.component for image in images.PROGRAM_IMAGES}}
+    for image in images.PROGRAM_IMAGES:
+        component = makers[image.component]("v1.0.0")
+        programs = {build.program_name(component.name, command) for command in component.commands}
+        assert component.static and image.program in programs, image
+        assert isinstance(image.user, int) and image.user != 0, image  # runAsNonRoot checks a numeric user
 
 
 def test_a_built_image_is_named_with_buildahs_id_of_it_and_said_cached_when_unchanged(monkeypatch):

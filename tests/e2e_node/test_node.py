@@ -8,12 +8,12 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from e2e_stack import project_reference
 
 from common import pod_security, tracking_names
 from common.cluster_names import CLUSTER_DOMAIN
 from engines.base import condition
-from infra.images import BASE_IMAGES, image_ref
-from tools.control_plane import images
+from infra.images import BASE_IMAGES
 from tools.control_plane.node import NEVER_STARTS
 
 NAMESPACE = "real-node"
@@ -147,7 +147,7 @@ def project_pod(real_node, name: str, image: str, *command: str, namespace: str 
     pods declare (runAsNonRoot; the user is the image's USER)."""
     pod = helper_pod(real_node, name, "", namespace)
     (container,) = pod["spec"]["containers"]
-    container.update(image=images.qualified(image_ref(image)), command=list(command),
+    container.update(image=project_reference(image), command=list(command),
                      securityContext=pod_security.container_security_context())
     pod["spec"]["securityContext"] = pod_security.pod_security_context()
     return pod

@@ -15,19 +15,17 @@ import sys
 import threading
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 import requests
+from e2e_stack import PROMETHEUS_URL
 from prometheus_scrape import file_targets, listening_port, write_targets
 
 from common import tracking_names
 from common.cluster_names import ISVC_LABEL, predictor_deployment_name
 from engines.trainjob import JOBSET_NAME_LABEL, NODE_CONTAINER, RESTART_ATTEMPT_LABEL
-from infra.monitoring import prometheus_url
 from pipeline import argo
 from serving import client
-from stacks.compose import MONITORING
 from tools import prometheus as prometheus_tool
 from tools.control_plane.build import ROOT
 from tools.control_plane.cluster import BRIDGE_ADDRESS
@@ -263,15 +261,15 @@ PROMETHEUS_START_SECONDS = 60.0
 
 
 @pytest.fixture
-def prometheus(cluster, local_render, tmp_path):
-    """Debian's Prometheus behind the Service the InferenceService's trigger names (serverAddress), with
-    no selector: its endpoint is the process, on the tier's bridge. The Service's name resolves to its
-    cluster IP in the tier's /etc/hosts, for KEDA's operator (a process here) as CoreDNS answers the
-    operator's pod. It scrapes every pod the stack's PodMonitor selects, as Prometheus Operator would
-    configure it, the pods discovered here each second (prometheus_scrape.py). Its URL."""
+def prometheus(cluster, tmp_path):
+    """The cluster's own Prometheus (the stack's monitoring.prometheusUrl names it): Debian's, behind a
+    Service of that name with no selector, its endpoint the process on the tier's bridge, where KEDA's
+    operator reaches it through CoreDNS and kube-proxy. It scrapes every pod the stack's PodMonitor
+    selects, as the Prometheus Operator would configure it, the pods discovered here each second
+    (prometheus_scrape.py). Its URL."""
     if not prometheus_tool.BINARY.is_file():
         unavailable(f"Prometheus {prometheus_tool.RELEASE} is not unpacked: {prometheus_tool.INSTALL_HINT}")
-    (podmonitor,) = [obj for obj in local_render[0].objects if obj["kind"] == "PodMonitor"]
+    (podmonitor,) = cluster.api.list("monitoring.coreos.com/v1", "PodMonitor", NAMESPACE)
     (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
     targets = tmp_path / "targets.json"
     write_targets(targets, [])
@@ -292,19 +290,15 @@ def prometheus(cluster, local_render, tmp_path):
             write_targets(targets, file_targets(podmonitor, cluster.api.list("v1", "Pod", NAMESPACE)))
 
     discovery = threading.Thread(target=discover, daemon=True)
-    hosts = Path("/etc/hosts")  # the tier's own (an overlay of the machine's /etc)
-    before = hosts.read_text()
     try:
         port = listening_port(server, log)
-        address = urllib.parse.urlsplit(prometheus_url(MONITORING))
+        address = urllib.parse.urlsplit(PROMETHEUS_URL)
         service_name, namespace = address.hostname.split(".")[:2]
         metadata = {"name": service_name, "namespace": namespace}
-        cluster.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        service = cluster.api.apply({"apiVersion": "v1", "kind": "Service", "metadata": metadata,
-                                     "spec": {"ports": [{"name": "http-web", "port": address.port}]}})
+        cluster.api.apply({"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+                           "spec": {"ports": [{"name": "http-web", "port": address.port}]}})
         cluster.api.apply({"apiVersion": "v1", "kind": "Endpoints", "metadata": metadata, "subsets": [
             {"addresses": [{"ip": BRIDGE_ADDRESS}], "ports": [{"name": "http-web", "port": port}]}]})
-        hosts.write_text(f"{before.rstrip()}\n{service['spec']['clusterIP']} {address.hostname}\n")
         discovery.start()
         url = f"http://{BRIDGE_ADDRESS}:{port}"
         cluster.api.wait(answers(f"{url}/-/ready"), "Prometheus ready", PROMETHEUS_START_SECONDS)
@@ -315,7 +309,6 @@ def prometheus(cluster, local_render, tmp_path):
             discovery.join()
         server.terminate()
         server.wait(timeout=30)
-        hosts.write_text(before)
 
 
 class HeldLoad:
@@ -398,6 +391,7 @@ def test_the_predictor_scales_from_one_replica_to_two_on_requests_in_flight_and_
 STEP_ACCOUNT = "dist-ml-pipeline"  # Pulumi.local.yaml's pipeline.serviceAccountName
 FAILS_WITHIN_SECONDS = 60.0  # from the kubelet's first warning about the predictor's pod
 STEP_SECONDS = 240.0
+POD_GONE_SECONDS = 120.0  # a deleted predictor's pods: their grace period, then the kubelet's cleanup
 HISTORY_POLL_SECONDS = 1.0
 
 
@@ -529,3 +523,7 @@ def test_a_predictor_that_will_never_serve_fails_the_serve_step_within_a_minute(
     assert history.first_warning is not None, seen
     assert ended - history.first_warning < FAILS_WITHIN_SECONDS + 1, seen
     cluster.api.delete("serving.kserve.io/v1beta1", "InferenceService", name, NAMESPACE)
+    # Its pods gone before the next test's ask the node for room.
+    cluster.api.wait(
+        lambda: not cluster.api.list("v1", "Pod", NAMESPACE, label_selector=f"{ISVC_LABEL}={name}"),
+        f"the pods of {name} gone", POD_GONE_SECONDS)

@@ -81,12 +81,12 @@ def go_env() -> dict[str, str]:
             "GONOSUMDB": ",".join(filter(None, unchecked))}
 
 
-def go(*args: str, cwd: Path = CACHE, static: bool = False) -> str:
+def go(*args: str, cwd: Path = CACHE, static: bool = False, env: dict[str, str] | None = None) -> str:
     if shutil.which("go") is None:
         raise Unavailable("go is not on PATH (the tier builds its programs with Go from the module proxy)")
     cwd.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        ["go", *args], cwd=cwd, env={**go_env(), **({"CGO_ENABLED": "0"} if static else {})},
+        ["go", *args], cwd=cwd, env={**go_env(), **({"CGO_ENABLED": "0"} if static else {}), **(env or {})},
         capture_output=True, text=True, timeout=GO_TIMEOUT_SECONDS
     )
     if done.returncode != 0:
@@ -138,11 +138,24 @@ def served_version(module: str, pinned: str) -> str:
     return max(older, key=semver)
 
 
+def is_served(module: str, version: str) -> bool:
+    try:
+        download(module, version)
+        return True
+    except BuildError as error:
+        if not NOT_SERVED.search(str(error)):
+            raise
+        return False
+
+
 def version_to_build(component: Component, pinned: str) -> str:
     """The version of `component` the tier builds: `pinned`, or where the proxy does not serve it the
     newest one before it, if components.SUBSTITUTES declares the component, or outside CI (said in the
     tier's log); under CI=true an error naming it."""
-    version = served_version(component.served_module, pinned)
+    declared = components.SUBSTITUTE_VERSIONS.get(component.name)
+    version = served_version(component.served_module, pinned) if declared is None else None
+    if version is None:  # a declared substitute: the pin when the proxy serves it, else that version
+        version = pinned if is_served(component.served_module, pinned) else declared
     if version != pinned and component.name not in components.SUBSTITUTES and in_ci():
         raise BuildError(
             f"{component.name}: the module proxy serves no {component.served_module}@{pinned} "
@@ -209,7 +222,7 @@ def prepare(component: Component) -> tuple[Path, str]:
     upstream, module_dir = upstream_go_mod(component.served_module, component.version)
     directory = CACHE / "modules" / f"{component.name}-{component.version}"
     directory.mkdir(parents=True, exist_ok=True)
-    source = with_links(component, Path(module_dir)) if component.links else None
+    source = source_copy(component, Path(module_dir)) if component.copied else None
     text = wrapper_go_mod(component, upstream, source)
     go_mod, stamp = directory / "go.mod", directory / "go.mod.generated"
     if not stamp.is_file() or stamp.read_text() != text:
@@ -220,39 +233,39 @@ def prepare(component: Component) -> tuple[Path, str]:
     return directory, module_dir
 
 
-def with_links(component: Component, module_dir: Path) -> Path:
-    """A copy of the module with its symbolic links restored, outside the clone beside the stamped
-    binaries (one path on the machine, so Go's build cache serves every clone)."""
-    source = stamped_binaries_dir(component).parent / "sources" / f"{component.name}-{component.version}"
-    stamp = source / ".dist-ml-links"
-    wanted = json.dumps(component.links)
+def source_copy(component: Component, module_dir: Path) -> Path:
+    """A copy of the module as upstream's build has it before it compiles: its symbolic links restored,
+    the files its build makes, the modules of its repository its go.mod replaces by a relative path laid
+    out beside it, its code generated. Outside the clone beside the stamped binaries (one path on the
+    machine, so Go's build cache serves every clone); made again when the recipe changes."""
+    base = stamped_binaries_dir(component).parent / "sources" / f"{component.name}-{component.version}"
+    source = base / "module"
+    stamp = base / ".dist-ml-copy"
+    wanted = json.dumps([component.links, component.files, component.siblings, component.generate,
+                         component.generate_env])
     if stamp.is_file() and stamp.read_text() == wanted:
         return source
-    if source.exists():
-        shutil.rmtree(source)
-    source.parent.mkdir(parents=True, exist_ok=True)
-    # The module cache's files and directories are read-only; the copy's are the user's own.
-    subprocess.run(["cp", "-R", "--no-preserve=mode", str(module_dir), str(source)], check=True)
+    if base.exists():
+        shutil.rmtree(base)
+    base.mkdir(parents=True)
+    copy_tree(module_dir, source)
     for path, target in component.links:
         (source / path).symlink_to(target)
+    for path, content in component.files:
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text(content)
+    for relative, module, version in component.siblings:
+        copy_tree(Path(download(module, version)["Dir"]), (source / relative).resolve())
+    for package in component.generate:
+        go("generate", f"./{package}", cwd=source, env=dict(component.generate_env))
     stamp.write_text(wanted)
     return source
 
 
-# Kubernetes' release build stamps its version into every binary (hack/lib/version.sh: -ldflags "-X
-# k8s.io/component-base/version.gitVersion=..." and gitMajor, gitMinor, and the same for client-go's);
-# controllers read it from the API server's /version (Kueue refuses the unstamped v0.0.0-master, KEDA
-# reads the minor version). `go tool` takes no -ldflags, so Kubernetes' programs are built with `go build`
-# into a directory of Go's cache's parent, outside the clone, where an up-to-date one is not linked again.
-VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
-
-
-def release_ldflags(version: str) -> str:
-    major, minor, _ = semver(version)
-    values = {"gitMajor": str(major), "gitMinor": str(minor), "gitVersion": version}
-    return " ".join(
-        f"-X {package}.{key}={value}" for package in VERSION_PACKAGES for key, value in values.items()
-    )
+def copy_tree(module_dir: Path, target: Path) -> None:
+    # The module cache's files and directories are read-only; the copy's are the user's own.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-R", "--no-preserve=mode", str(module_dir), str(target)], check=True)
 
 
 def stamped_binaries_dir(component: Component) -> Path:
@@ -261,12 +274,14 @@ def stamped_binaries_dir(component: Component) -> Path:
 
 
 def build_command(directory: Path, component: Component, command: str) -> str:
-    """The executable of `command`, from Go's build cache (built there first if it is not); Kubernetes'
-    own, stamped with their release, from the directory beside it."""
-    if component.module != KUBERNETES:
+    """The executable of `command`, from Go's build cache (built there first if it is not); a program
+    upstream stamps with its release (`go tool` takes no -ldflags) is built with `go build` into a
+    directory beside Go's cache, outside the clone, where an up-to-date one is not linked again."""
+    if not component.ldflags:
         return go("tool", "-n", command, cwd=directory, static=component.static).strip()
     output = stamped_binaries_dir(component) / program_name(component.name, command)
-    go("build", f"-ldflags={release_ldflags(component.version)}", "-o", str(output), command, cwd=directory)
+    go("build", f"-ldflags={component.stamps()}", "-o", str(output), command, cwd=directory,
+       static=component.static)
     return str(output)
 
 
@@ -278,6 +293,10 @@ def program_name(component: str, command: str) -> str:
 
 
 def build_component(component: Component, pinned: str, say=print) -> Built:
+    if not component.commands:  # read, not built: its charts, its CRDs
+        module_dir = download(component.served_module, component.version)["Dir"]
+        return Built(component.name, component.module, component.version, pinned, component.pinned_by,
+                     module_dir, {})
     directory, module_dir = prepare(component)
     binaries = {}
     for command in component.commands:
@@ -310,14 +329,31 @@ def build_all(say=print) -> list[Built]:
     add(components.jobset, components.jobset_version(Path(built[-1].module_dir)))
     add(components.kueue, pins.kueue)
     add(components.argo, pins.argo)
-    add(components.argoexec, built[-1].version)
+    argo = built[-1]  # its executor and server: from the module of the controller the tier runs
+    built += [build_component(make(argo.version), pins.argo, say) for make in (components.argoexec,
+                                                                                components.argocli)]
     add(components.kserve, pins.kserve)
     add(components.kserve_agent, pins.kserve)
+    add(components.kube_rbac_proxy, components.kserve_rbac_proxy_version(Path(built[-1].module_dir)))
     add(components.keda, pins.keda)
     add(components.coredns, components.kubeadm_constant(Path(built[0].module_dir), "CoreDNSVersion"))
     add(components.local_path_provisioner, components.LOCAL_PATH_VERSION)
     add(components.kube_router, components.KUBE_ROUTER_VERSION)
+    add(components.registry, components.REGISTRY_VERSION)
+    add(components.cert_manager, pins.cert_manager)
+    add(components.prometheus_operator, components.PROMETHEUS_OPERATOR_VERSION)
+    add(components.pulumi, components.locked_version(components.PULUMI_SDK))
+    pinned = components.locked_version(components.PULUMI_KUBERNETES_SDK)
+    version = version_to_build(components.pulumi_kubernetes(pinned, sdk_version=""), pinned)
+    built.append(build_component(provider_with_its_sdk(version), pinned, say))
     return built
+
+
+def provider_with_its_sdk(version: str) -> Component:
+    """Pulumi's Kubernetes provider at `version`, with the Go SDK its go.mod requires beside it."""
+    upstream, _ = upstream_go_mod(components.PULUMI_KUBERNETES_MODULE, version)
+    required = {item["Path"]: item["Version"] for item in upstream["Require"]}
+    return components.pulumi_kubernetes(version, required[components.PULUMI_KUBERNETES_SDK_MODULE])
 
 
 def write_manifest(built: list[Built]) -> None:

@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STACKS = ("local", "gke")
 # KWOK simulates the nodes and the pods' lifecycle: the tier's own tool, not something a stack installs.
 KWOK_VERSION = "v0.8.0"
+# The registry the end-to-end tier pushes the images to, as CI pushes them to a cluster's: the CNCF's
+# Distribution (registry:3), the tier's own.
+REGISTRY_VERSION = "v3.1.2"
 ARGO_MODULE = "github.com/argoproj/argo-workflows/v4"  # its workflow controller and executor
 KSERVE_MODULE = "github.com/kserve/kserve"  # its controller and agent
 # The only components the tier may run at another version than the stacks pin, each with why. Any
@@ -22,7 +25,22 @@ KSERVE_MODULE = "github.com/kserve/kserve"  # its controller and agent
 SUBSTITUTES = {
     "argo": "the module proxy serves no v4.1.x of the module (checked 2026-11-28); the tier installs the "
             "stacks' v4.1.2 CRDs and runs the newest v4.0.x controller and executor",
+    "pulumi": "the module proxy serves no pkg/v3 v3.272.0 or v3.273.0 (checked 2026-11-29): the engine is "
+              "the nearest release after the Python SDK's, which an engine of a later release runs",
+    "pulumi-kubernetes": "the module proxy serves the provider's module at one commit only, f47bc2d6f "
+                         "(2026-01-15), which is its git tag v4.25.0 (checked 2026-11-29): built and stamped "
+                         "4.25.0, installed as the plugin the Python SDK asks for",
 }
+# A substitute that is not the newest release before the pin (the default): the version itself.
+SUBSTITUTE_VERSIONS = {
+    "pulumi": "v3.274.0",
+    "pulumi-kubernetes": "v4.0.0-20260115033456-f47bc2d6f199",
+}
+# The release a commit of the provider is tagged as (git tag v4.25.0 at f47bc2d6f): its version stamp.
+PULUMI_KUBERNETES_RELEASES = {"v4.0.0-20260115033456-f47bc2d6f199": "4.25.0"}
+# The Python SDKs' pins in the dev lock: the engine and the provider plugin the program asks for.
+LOCK = ROOT / "requirements.txt"
+PULUMI_SDK, PULUMI_KUBERNETES_SDK = "pulumi", "pulumi_kubernetes"
 # k3s' storage class (local-path) is served by rancher/local-path-provisioner, which k3s ships built in;
 # the tier runs it from its module: v0.0.30, the newest release the module proxy serves whose checksum
 # the checksum database verifies (v0.0.31 and v0.0.32 are not served, v0.0.33 is not in sum.golang.org).
@@ -72,15 +90,48 @@ class Component:
     links: tuple[tuple[str, str], ...] = ()  # (path, target): upstream's symbolic links, restored
     source: str = ""  # the module the proxy serves it as, when upstream builds it from a fork
     replaces: tuple[str, ...] = ()  # replace directives of the program upstream builds it into
+    # Upstream's release build stamps its version: -X settings, with {version} (the tag) or {bare} (no v).
+    ldflags: tuple[str, ...] = ()
+    # Files upstream's build makes before it compiles, which the module zip lacks: (path, content).
+    files: tuple[tuple[str, str], ...] = ()
+    # `go generate` of these packages of the module (relative directories), with this environment.
+    generate: tuple[str, ...] = ()
+    generate_env: tuple[tuple[str, str], ...] = ()
+    # Modules of the same repository that its go.mod replaces by a relative path, laid out beside the
+    # copy as in the repository: (relative path, module, version).
+    siblings: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def served_module(self) -> str:
         return self.source or self.module
 
+    @property
+    def copied(self) -> bool:
+        """Built from a copy of its module: with links restored, files made or code generated."""
+        return bool(self.links or self.files or self.generate or self.siblings)
+
+    def stamps(self) -> str:
+        """The -ldflags value of its release build ("" when upstream stamps nothing)."""
+        return " ".join(flag.format(version=self.version, bare=self.version.removeprefix("v"))
+                        for flag in self.ldflags)
+
     def command(self, package_suffix: str) -> str:
         """The full package path of the command whose path ends with `package_suffix`."""
         (found,) = [command for command in self.commands if command.endswith(package_suffix)]
         return found
+
+
+# Kubernetes' release build stamps its version into every binary (hack/lib/version.sh: gitVersion,
+# gitMajor, gitMinor of component-base and client-go); controllers read it from the API server's
+# /version (Kueue refuses the unstamped v0.0.0-master, KEDA reads the minor version).
+KUBERNETES_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+
+
+def kubernetes_stamps(version: str) -> tuple[str, ...]:
+    major, minor = version.removeprefix("v").split(".")[:2]
+    values = {"gitMajor": major, "gitMinor": minor, "gitVersion": "{version}"}
+    return tuple(f"-X {package}.{key}={value}" for package in KUBERNETES_VERSION_PACKAGES
+                 for key, value in values.items())
 
 
 def kubernetes(version: str) -> Component:
@@ -95,6 +146,7 @@ def kubernetes(version: str) -> Component:
             + ("kubelet", "kube-proxy")  # the real node's
         ),
         "cluster.k3sImage",
+        ldflags=kubernetes_stamps(version),
     )
 
 
@@ -109,9 +161,15 @@ def etcd(version: str) -> Component:
     )
 
 
+# The controllers run as host processes in the tier of tests/cluster/ and in the images the end-to-end
+# tier's node runs; both are built as upstream builds them, without cgo (CGO_ENABLED=0 in each
+# Makefile or Dockerfile), for images without a C library, with the version stamps of its release build.
+
 def jobset(version: str) -> Component:
     return Component(
-        "jobset", "sigs.k8s.io/jobset", version, ("sigs.k8s.io/jobset",), "Kubeflow Trainer's manager overlay"
+        "jobset", "sigs.k8s.io/jobset", version, ("sigs.k8s.io/jobset",),
+        "Kubeflow Trainer's manager overlay", static=True,
+        ldflags=("-X sigs.k8s.io/jobset/pkg/version.GitVersion={version}",),
     )
 
 
@@ -122,12 +180,14 @@ def trainer(version: str) -> Component:
         version,
         ("github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",),
         "platform.trainerVersion",
+        static=True,
     )
 
 
 def kueue(version: str) -> Component:
     return Component(
-        "kueue", "sigs.k8s.io/kueue", version, ("sigs.k8s.io/kueue/cmd/kueue",), "platform.kueueVersion"
+        "kueue", "sigs.k8s.io/kueue", version, ("sigs.k8s.io/kueue/cmd/kueue",), "platform.kueueVersion",
+        static=True, ldflags=("-X sigs.k8s.io/kueue/pkg/version.GitVersion={version}",),
     )
 
 
@@ -138,7 +198,20 @@ def kserve(version: str) -> Component:
         version,
         (f"{KSERVE_MODULE}/cmd/manager",),
         "platform.kserveVersion",
+        static=True,
     )
+
+
+def kube_rbac_proxy(version: str) -> Component:
+    """The sidecar of KServe's controller pod (its chart's kserve.controller.rbacProxyImage)."""
+    return Component(
+        "kube-rbac-proxy", "github.com/brancz/kube-rbac-proxy", version,
+        ("github.com/brancz/kube-rbac-proxy/cmd/kube-rbac-proxy",), "KServe's chart (rbacProxyImage)",
+        static=True, ldflags=("-X k8s.io/component-base/version.gitVersion={version}",),
+    )
+
+
+ARGO_STAMPS = ("-X github.com/argoproj/argo-workflows/v4.version={version}",)
 
 
 def argo(version: str) -> Component:
@@ -148,6 +221,27 @@ def argo(version: str) -> Component:
         version,
         (f"{ARGO_MODULE}/cmd/workflow-controller",),
         "platform.argoVersion",
+        static=True,
+        ldflags=ARGO_STAMPS,
+    )
+
+
+# Argo's server embeds its web UI (ui/embed.go: //go:embed dist/app), which yarn builds and which the
+# module zip lacks; its own Makefile makes this one file when built without the UI (STATIC_FILES=false:
+# `touch ui/dist/app/index.html`). The server then serves its API, and this page at /.
+ARGO_UI_PLACEHOLDER = (
+    ("ui/dist/app/index.html",
+     "<!doctype html><title>Argo Workflows</title><p>This argo-server was built from Argo's Go module, "
+     "without its web UI (yarn builds it; the module does not carry it). Its API answers.</p>\n"),
+)
+
+
+def argocli(version: str) -> Component:
+    """Argo's CLI, whose `argo server` is the cluster install's argo-server, from the module of the
+    workflow controller the tier runs, built as upstream builds it without its UI."""
+    return Component(
+        "argocli", ARGO_MODULE, version, (f"{ARGO_MODULE}/cmd/argo",),
+        "the workflow controller the tier runs", static=True, ldflags=ARGO_STAMPS, files=ARGO_UI_PLACEHOLDER,
     )
 
 
@@ -166,6 +260,7 @@ def argoexec(version: str) -> Component:
         "the workflow controller the tier runs",
         static=True,  # copied into every step's container, whatever its C library (upstream: CGO_ENABLED=0)
         links=ARGOEXEC_LINKS,
+        ldflags=ARGO_STAMPS,
     )
 
 
@@ -185,6 +280,8 @@ def keda(version: str) -> Component:
         version,
         (keda_cmd + "operator", keda_cmd + "webhooks", keda_cmd + "adapter"),
         "platform.kedaVersion",
+        static=True,
+        ldflags=("-X github.com/kedacore/keda/v2/version.Version={bare}",),
     )
 
 
@@ -204,6 +301,17 @@ def kube_router(version: str = KUBE_ROUTER_VERSION) -> Component:
         "k3s' go.mod (KUBE_ROUTER_VERSION)", source=KUBE_ROUTER_FORK,
         replaces=(f"{KUBE_ROUTER_MODULE} => {KUBE_ROUTER_FORK} {version}", K3S_GENPROTO),
     )
+
+
+def kserve_rbac_proxy_version(kserve_module_dir: Path) -> str:
+    """The kube-rbac-proxy release KServe's chart runs beside its controller (kserve.controller's
+    rbacProxyImage in charts/kserve-resources/values.yaml)."""
+    values = kserve_module_dir / "charts" / "kserve-resources" / "values.yaml"
+    found = re.findall(r"^\s*rbacProxyImage:\s*\S+/kube-rbac-proxy:(v[0-9.]+)\s*$", values.read_text(),
+                       re.MULTILINE)
+    if len(found) != 1:
+        raise PinError(f"{values}: expected one kube-rbac-proxy image, found {found or 'none'}")
+    return found[0]
 
 
 def kubeadm_constant(kubernetes_module_dir: Path, name: str) -> str:
@@ -228,6 +336,74 @@ def local_path_provisioner(version: str = LOCAL_PATH_VERSION) -> Component:
     )
 
 
+# Modules the tier reads but builds nothing from. cert-manager's: its chart and CRDs (its programs' modules
+# are not served: tools/control_plane/cert_manager.py). The Prometheus Operator's: the CRDs of the
+# monitors the stacks declare, which a cluster's own Prometheus Operator serves (its newest release the
+# module proxy serves; the stacks' monitors are its v1 kinds, unchanged across its releases).
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+
+
+def cert_manager(version: str) -> Component:
+    return Component("cert-manager", "github.com/cert-manager/cert-manager", version, (),
+                     "platform.certManagerVersion")
+
+
+def prometheus_operator(version: str = PROMETHEUS_OPERATOR_VERSION) -> Component:
+    return Component("prometheus-operator", "github.com/prometheus-operator/prometheus-operator", version, (),
+                     "the tier (PROMETHEUS_OPERATOR_VERSION)")
+
+
+def registry(version: str = REGISTRY_VERSION) -> Component:
+    return Component(
+        "registry", "github.com/distribution/distribution/v3", version,
+        ("github.com/distribution/distribution/v3/cmd/registry",), "the tier (REGISTRY_VERSION)",
+    )
+
+
+def pulumi(version: str) -> Component:
+    """Pulumi's engine, the CLI the Automation API runs (pkg/v3's go.mod replaces the sdk with its
+    repository's copy, which is the sdk of the same release, and one module with a fork)."""
+    return Component(
+        "pulumi", "github.com/pulumi/pulumi/pkg/v3", version, ("github.com/pulumi/pulumi/pkg/v3/cmd/pulumi",),
+        f"{PULUMI_SDK} in the dev lock",
+        ldflags=("-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version={version}",),
+    )
+
+
+PULUMI_KUBERNETES_MODULE = "github.com/pulumi/pulumi-kubernetes/provider/v4"
+PULUMI_KUBERNETES_PROVIDER = "cmd/pulumi-resource-kubernetes"
+# The provider's go.mod replaces its repository's Go SDK by `../sdk`, which its generator (go:generate
+# in cmd/pulumi-resource-kubernetes/main.go) builds against: the SDK module its go.mod requires, beside it.
+PULUMI_KUBERNETES_SDK_MODULE = "github.com/pulumi/pulumi-kubernetes/sdk/v4"
+
+
+def pulumi_kubernetes_release(version: str) -> str:
+    """The release a version of the provider's module is (4.25.0), without its v."""
+    return PULUMI_KUBERNETES_RELEASES.get(version, version.removeprefix("v"))
+
+
+def pulumi_kubernetes(version: str, sdk_version: str) -> Component:
+    """Pulumi's Kubernetes provider: its schema embedded by its own generator (the module zip carries
+    schema.json, not the schema-embed.json that main.go embeds), stamped with its release."""
+    release = pulumi_kubernetes_release(version)
+    return Component(
+        "pulumi-kubernetes", PULUMI_KUBERNETES_MODULE, version,
+        (f"{PULUMI_KUBERNETES_MODULE}/{PULUMI_KUBERNETES_PROVIDER}",),
+        f"{PULUMI_KUBERNETES_SDK} in the dev lock",
+        ldflags=(f"-X {PULUMI_KUBERNETES_MODULE}/pkg/version.Version={release}",),
+        generate=(PULUMI_KUBERNETES_PROVIDER,), generate_env=(("VERSION", release),),
+        siblings=(("../sdk", PULUMI_KUBERNETES_SDK_MODULE, sdk_version),),
+    )
+
+
+def locked_version(package: str, lock: Path = LOCK) -> str:
+    """The version of `package` in the dev lock (requirements.txt), as a tag (v3.272.0)."""
+    found = re.findall(rf"^{re.escape(package)}==([0-9][^\s;]*)", lock.read_text(), re.MULTILINE)
+    if len(found) != 1:
+        raise PinError(f"{lock.name}: expected one {package}==..., found {found or 'none'}")
+    return f"v{found[0]}"
+
+
 def kwok(version: str = KWOK_VERSION) -> Component:
     return Component(
         "kwok", "sigs.k8s.io/kwok", version, ("sigs.k8s.io/kwok/cmd/kwok",), "the tier (KWOK_VERSION)"
@@ -244,6 +420,7 @@ class StackPins:
     kserve: str
     argo: str
     keda: str
+    cert_manager: str = ""
 
 
 def stack_pins(stack: str) -> StackPins:
@@ -266,6 +443,7 @@ def stack_pins(stack: str) -> StackPins:
         kserve=platform.kserve_version,
         argo=platform.argo_version,
         keda="v" + platform.keda_version.removeprefix("v"),
+        cert_manager=platform.cert_manager_version,
     )
 
 

@@ -50,10 +50,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable
 
-import yaml
-
+from common.installs import qualified
 from infra.images import BASE_IMAGES, image_ref
 from tools.control_plane import build, components
 from tools.control_plane.build import ROOT, BuildError, Unavailable, in_ci
@@ -98,24 +96,21 @@ CMD ["sh"]
 
 PYPI = "https://pypi.org/simple/"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # Debian's, this machine's and the stand-in's
-DEFAULT_REGISTRY = "docker.io"
+
+
+# Where each image goes: into the node's containerd (its sandboxes' pause, the volume helper: the
+# node's own, as k3s ships them), or into the tier's registry, where the stack's config names the
+# project's images and the platform's manifests (through its image mirror) name the platform's.
+NODE, PROJECT, PLATFORM = "node", "project", "platform"
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeImage:
-    """An image as the node's containerd gets it."""
+    """An image the tier built, as the kubelet asks for it."""
 
-    name: str  # fully qualified, as the kubelet asks for it
+    name: str  # fully qualified, as the kubelet asks for it (the project's: as they are named before a push)
     image_id: str  # buildah's ID of the build: the node's store reloads `name` when it changes
-
-
-def qualified(ref: str) -> str:
-    """`ref` as containerd and the kubelet name it: Docker's normalization (no registry host: docker.io;
-    no repository path: library/)."""
-    first, _, rest = ref.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return ref
-    return f"{DEFAULT_REGISTRY}/{ref}" if rest else f"{DEFAULT_REGISTRY}/library/{ref}"
+    role: str = NODE
 
 
 def require(program: str, why: str) -> str:
@@ -156,7 +151,7 @@ def image_id(name: str) -> str | None:
     return config["FromImageID"] if config else None
 
 
-def built(name: str, build_image, say) -> NodeImage:
+def built(name: str, build_image, say, role: str = NODE) -> NodeImage:
     """Runs `build_image()`, says how long it took and whether it left the image as it was, and returns
     the image with buildah's ID of it."""
     before, started = image_id(name), time.monotonic()
@@ -166,7 +161,7 @@ def built(name: str, build_image, say) -> NodeImage:
         raise BuildError(f"buildah holds no image {name} after building it")
     cached = " (cached)" if identity == before else ""
     say(f"images: {name} ready in {time.monotonic() - started:.0f} s{cached}")
-    return NodeImage(name, identity)
+    return NodeImage(name, identity, role)
 
 
 # --- The stand-in base -------------------------------------------------------------------------------
@@ -333,40 +328,55 @@ def build_helper() -> None:
     buildah(*BUILD, "-t", HELPER_IMAGE, "-f", str(context / "Containerfile"), str(context))
 
 
-# --- Upstream programs' images: Argo's executor, KServe's agent -----------------------------------------
+# --- Upstream programs' images: the platform's controllers, Argo's executor, KServe's agent -------------
 
 @dataclasses.dataclass(frozen=True)
 class ProgramImage:
-    """The one program of a static component of the tier's build in a scratch image, laid out as its
-    upstream Dockerfile lays it out on distroless static."""
+    """One program of the tier's Go build in a scratch image, laid out as its upstream Dockerfile lays it
+    out on distroless static (its path, its numeric user, which the kubelet checks under runAsNonRoot),
+    named as the stack's manifests name it."""
 
+    name: str  # the image as the platform's manifests name it: {pinned} the stack's version, {bare} without v
+    component: str  # of tools.control_plane.components
+    program: str  # the program's name (the last element of its main package)
     path: str  # where upstream's Dockerfile puts it
     user: int  # upstream's USER (distroless' `nonroot` is 65532)
-    name: Callable[[Path], str]  # the module's directory -> the image's name, as the cluster's config has it
+
+    def image_name(self, built_program: build.Built) -> str:
+        pinned = built_program.pinned
+        return qualified(self.name.format(pinned=pinned, bare=pinned.removeprefix("v")))
 
 
-def executor_name(_module_dir: Path | None = None) -> str:
-    """The executor image the stacks' workflow-controller config names (pipeline.argo.executor_config)."""
-    from pipeline.argo import EXECUTOR_IMAGE
-
-    return EXECUTOR_IMAGE.format(version=components.pins().argo)
-
-
-def kserve_agent_name(module_dir: Path) -> str:
-    """The agent image KServe's chart configures (charts/kserve-resources/values.yaml: kserve.agent's
-    image and tag, the chart's kserve.version when the tag is empty); the stacks leave it as it is."""
-    chart_values = module_dir / "charts" / "kserve-resources" / "values.yaml"
-    values = yaml.safe_load(chart_values.read_text())["kserve"]
-    return f"{values['agent']['image']}:{values['agent']['tag'] or values['version']}"
-
-
-# By the name of the component (tools.control_plane.components) that builds the program.
-PROGRAM_IMAGES = {
-    # Argo's Dockerfile, target argoexec-nonroot: /bin/argoexec, USER 8737.
-    "argoexec": ProgramImage("/bin/argoexec", 8737, executor_name),
-    # KServe's agent.Dockerfile: /ko-app/agent on distroless static:nonroot. The predictor's logger.
-    "kserve-agent": ProgramImage("/ko-app/agent", 65532, kserve_agent_name),
-}
+NONROOT = 65532
+ARGO_USER = 8737  # Argo's Dockerfile: USER 8737
+# Every image the platform's manifests name that a program of the tier's build makes, and where each
+# upstream Dockerfile puts it; the stack's manifests (Trainer's overlay, JobSet's release, Kueue's, KServe's
+# and cert-manager's charts with the stack's values, KEDA's and Argo's release kustomizations with their
+# tags) name exactly these (tests/test_node_images.py). cert-manager's are not here: the module proxy
+# serves none of its programs (docs/development.md).
+PROGRAM_IMAGES = (
+    ProgramImage("registry.k8s.io/jobset/jobset:{pinned}", "jobset", "jobset", "/manager", NONROOT),
+    ProgramImage("ghcr.io/kubeflow/trainer/trainer-controller-manager:{pinned}", "trainer",
+                 "trainer-controller-manager", "/manager", NONROOT),
+    ProgramImage("registry.k8s.io/kueue/kueue:{pinned}", "kueue", "kueue", "/manager", NONROOT),
+    ProgramImage("kserve/kserve-controller:{pinned}", "kserve", "manager", "/manager", NONROOT),
+    ProgramImage("quay.io/brancz/kube-rbac-proxy:{pinned}", "kube-rbac-proxy", "kube-rbac-proxy",
+                 "/usr/local/bin/kube-rbac-proxy", NONROOT),
+    # KServe's agent.Dockerfile: the predictor's request logger, named as KServe's chart configures it.
+    ProgramImage("kserve/agent:{pinned}", "kserve-agent", "agent", "/ko-app/agent", NONROOT),
+    ProgramImage("ghcr.io/kedacore/keda:{bare}", "keda", "operator", "/keda", NONROOT),
+    ProgramImage("ghcr.io/kedacore/keda-metrics-apiserver:{bare}", "keda", "adapter", "/keda-adapter",
+                 NONROOT),
+    ProgramImage("ghcr.io/kedacore/keda-admission-webhooks:{bare}", "keda", "webhooks",
+                 "/keda-admission-webhooks", NONROOT),
+    # Argo's Dockerfile: its programs in /bin, on PATH (the manifests' `command: [workflow-controller]`).
+    ProgramImage("quay.io/argoproj/workflow-controller:{pinned}", "argo", "workflow-controller",
+                 "/bin/workflow-controller", ARGO_USER),
+    ProgramImage("quay.io/argoproj/argocli:{pinned}", "argocli", "argo", "/bin/argo", ARGO_USER),
+    # Target argoexec-nonroot, as the stacks' workflow-controller config names it (pipeline.argo).
+    ProgramImage("quay.io/argoproj/argoexec:{pinned}-nonroot", "argoexec", "argoexec", "/bin/argoexec",
+                 ARGO_USER),
+)
 PROGRAM_CONTAINERFILE = """\
 FROM scratch
 COPY rootfs/ /
@@ -377,8 +387,9 @@ ENTRYPOINT ["{path}"]
 
 
 def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
-    """`binary` at its upstream path in a scratch image, with the /tmp a program may write to."""
-    context = CACHE / "programs" / Path(image.path).name
+    """`binary` at its upstream path in a scratch image, with what distroless gives its programs: a /tmp
+    they may write to, and /etc/passwd and /etc/group naming their user."""
+    context = CACHE / "programs" / re.sub(r"[^a-z0-9.-]+", "-", name)
     rootfs = context / "rootfs"
     if rootfs.exists():
         shutil.rmtree(rootfs)
@@ -386,6 +397,10 @@ def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
     target.parent.mkdir(parents=True)
     (rootfs / "tmp").mkdir(exist_ok=True)
     (rootfs / "tmp").chmod(0o1777)
+    (rootfs / "etc").mkdir(exist_ok=True)
+    (rootfs / "etc" / "passwd").write_text(f"root:x:0:0:root:/root:/sbin/nologin\n"
+                                           f"nonroot:x:{image.user}:{image.user}:nonroot:/home/nonroot:/sbin/nologin\n")
+    (rootfs / "etc" / "group").write_text(f"root:x:0:\nnonroot:x:{image.user}:\n")
     shutil.copy2(binary, target)
     (context / "Containerfile").write_text(PROGRAM_CONTAINERFILE.format(
         directory=Path(image.path).parent, user=image.user, path=image.path))
@@ -393,14 +408,16 @@ def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
 
 
 def program_images(built_programs: list[build.Built], say=print) -> list[NodeImage]:
-    """The upstream programs' images, from the static programs the tier's Go build made."""
+    """The platform's images, from the static programs the tier's Go build made."""
     by_component = {item.name: item for item in built_programs}
     ready = []
-    for component, image in PROGRAM_IMAGES.items():
-        program = by_component[component]
-        (binary,) = program.binaries.values()
-        name = qualified(image.name(Path(program.module_dir)))
-        ready.append(built(name, functools.partial(build_program_image, image, name, Path(binary)), say))
+    for image in PROGRAM_IMAGES:
+        component = by_component[image.component]
+        (binary,) = [path for package, path in component.binaries.items()
+                     if build.program_name(component.name, package) == image.program]
+        name = image.image_name(component)
+        ready.append(built(name, functools.partial(build_program_image, image, name, Path(binary)), say,
+                           PLATFORM))
     return ready
 
 
@@ -440,7 +457,8 @@ def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
     ready = []
     for key in chosen:
         name = names[key]
-        ready.append(built(name, makers.get(key) or functools.partial(build_project, key, name), say))
+        role = PROJECT if key in BASE_IMAGES else NODE
+        ready.append(built(name, makers.get(key) or functools.partial(build_project, key, name), say, role))
     return ready
 
 

@@ -92,11 +92,15 @@ IMAGES_MANIFEST = CACHE / "node-images.json"
 
 @dataclasses.dataclass(frozen=True)
 class NodeImages:
-    built: list[tuple[str, str]]  # (the name the kubelet asks for, buildah's ID of the image)
+    built: list[node_images.NodeImage]
+
+    def of(self, role: str) -> list[node_images.NodeImage]:
+        return [image for image in self.built if image.role == role]
 
     @property
     def pause(self) -> str:
-        (name,) = [name for name, _ in self.built if name.startswith(node_images.PAUSE_REPOSITORY + ":")]
+        (name,) = [image.name for image in self.built
+                   if image.name.startswith(node_images.PAUSE_REPOSITORY + ":")]
         return name
 
     @property
@@ -105,13 +109,13 @@ class NodeImages:
 
 
 def write_images(built: list[node_images.NodeImage]) -> None:
-    IMAGES_MANIFEST.write_text(json.dumps([[image.name, image.image_id] for image in built], indent=2))
+    IMAGES_MANIFEST.write_text(json.dumps([dataclasses.asdict(image) for image in built], indent=2))
 
 
 def read_images() -> NodeImages | None:
     if not IMAGES_MANIFEST.is_file():
         return None
-    return NodeImages([(name, identity) for name, identity in json.loads(IMAGES_MANIFEST.read_text())])
+    return NodeImages([node_images.NodeImage(**image) for image in json.loads(IMAGES_MANIFEST.read_text())])
 
 
 def real_root(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
@@ -127,13 +131,25 @@ def missing_programs() -> list[str]:
     return missing
 
 
+def registry_hosts(directory: Path, registries: tuple[str, ...]) -> Path:
+    """containerd's registry configuration (config_path: one hosts.toml per registry, as k3s writes its
+    registries.yaml out): each of `registries` reached over plain HTTP."""
+    for registry in registries:
+        (directory / registry).mkdir(parents=True, exist_ok=True)
+        (directory / registry / "hosts.toml").write_text(
+            f'server = "http://{registry}"\n\n'
+            f'[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n')
+    return directory
+
+
 def containerd_config(
-    directory: Path, socket: Path, pause_image: str, root: Path | None = None, cri: bool = True
+    directory: Path, socket: Path, pause_image: str, root: Path | None = None, cri: bool = True,
+    registries: Path | None = None,
 ) -> str:
     """containerd's configuration (version 2, containerd 1.6): its root (`root`, else under
     `directory`), state and socket; the CRI plugin (unless `cri` is false) with the pause image the
-    kubelet's Kubernetes pins, runc, cgroupfs (the kubelet's driver: no systemd here) and the CNI
-    plugins."""
+    kubelet's Kubernetes pins, runc, cgroupfs (the kubelet's driver: no systemd here), the CNI
+    plugins and the registries' hosts (`registries`, registry_hosts)."""
     plugin = "io.containerd.grpc.v1.cri"
     cri_off = f', "{plugin}"' if not cri else ""
     cri = f'plugins."{plugin}"'
@@ -170,6 +186,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [{cri}.cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{directory / 'cni'}"
+  [{cri}.registry]
+    config_path = "{registries or directory / 'certs.d'}"
 """
 
 
@@ -329,7 +347,8 @@ class RealNode:
     pki: tier_pki.Pki
     name: str
     labels: dict[str, str]
-    images: NodeImages  # loaded into containerd at start
+    images: NodeImages  # its own (node_images.NODE) loaded into containerd at start
+    registries: tuple[str, ...] = ()  # plain-HTTP registries it pulls from (the tier's)
     root: Path | None = None  # containerd's: the shared store, or the tier's own
     _lock: object = None  # the shared store's, while this node holds it
     say: callable = print
@@ -389,7 +408,9 @@ class RealNode:
         if self.root == SHARED_ROOT:
             self._forget_containers(runtime)
         config = runtime / "config.toml"
-        config.write_text(containerd_config(runtime, self.socket, self.images.pause, self.root))
+        hosts = registry_hosts(runtime / "certs.d", self.registries)
+        config.write_text(containerd_config(runtime, self.socket, self.images.pause, self.root,
+                                            registries=hosts))
         self._program("containerd", ["containerd", "--config", str(config)], self.socket.exists, "listening")
 
     def _forget_containers(self, runtime: Path) -> None:
@@ -416,6 +437,11 @@ class RealNode:
             raise StartError(f"ctr {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
+    def forget(self, image: str) -> None:
+        """`image` out of the node's store, so that the kubelet must pull it (absent: nothing to do)."""
+        if image in self.ctr("images", "list", "--quiet").split():
+            self.ctr("images", "remove", image)
+
     def kill_container(self, container_id: str) -> None:
         """SIGKILL to every process of a running container (a pod status's `containerd://<id>`), as the
         kernel's OOM killer or a crash ends it: the kubelet sees it exit 137."""
@@ -423,10 +449,12 @@ class RealNode:
                  timeout=30)
 
     def _import_images(self) -> None:
-        """Each image imported, but one the store already holds from the same build (buildah's ID)."""
+        """Each of the node's own images imported, but one the store already holds from the same build
+        (buildah's ID); the images it no longer names removed, but those a registry gave it."""
         record = self.root / "dist-ml-imported.json"
         imported = json.loads(record.read_text()) if record.is_file() else {}
-        for image, built in self.images.built:
+        own = [(image.name, image.image_id) for image in self.images.of(node_images.NODE)]
+        for image, built in own:
             if imported.get(image) == built:
                 self.say(f"control-plane: node image {image} (in the store)")
                 continue
@@ -435,9 +463,11 @@ class RealNode:
             imported[image] = built
             record.write_text(json.dumps(imported, indent=2))
             self.say(f"control-plane: node image {image} loaded in {time.monotonic() - started:.0f} s")
-        current = {image for image, _ in self.images.built}
+        current = {image for image, _ in own}
+        pulled = tuple(f"{registry}/" for registry in self.registries)
         for stale in set(self.ctr("images", "list", "--quiet").split()) - current:
-            if not stale.startswith("sha256:"):  # the store's own digests go with their names
+            # The store's own digests go with their names; what a registry gave stays for the next pull.
+            if not stale.startswith(("sha256:", *pulled)):
                 self.ctr("images", "remove", stale)
         record.write_text(json.dumps({image: imported.get(image) for image in current}, indent=2))
 
@@ -547,7 +577,7 @@ class RealNode:
             f"control-plane: node {self.name}: kubelet and kube-proxy {versions['kubelet']}, "
             f"{runtime_versions()}, CoreDNS {versions['coredns']} ({CLUSTER_DOMAIN}), kube-router "
             f"{versions['kube-router']} (its NetworkPolicy controller, as k3s runs it); images: "
-            + ", ".join(name for name, _ in self.images.built)
+            + ", ".join(image.name for image in self.images.of(node_images.NODE))
         )
 
     def stop(self) -> None:

@@ -69,14 +69,14 @@ def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured, local_render):
         started.stop()
 
 
-def start_real_node(tier: Tier) -> RealNode:
-    """The tier's real node with the images tools.control_plane.images built; a skip (a failure under
-    CI=true) saying what is missing when it cannot start here."""
+def start_real_node(tier: Tier, registries: tuple[str, ...] = ()) -> RealNode:
+    """The tier's real node with the images tools.control_plane.images built, pulling from `registries`
+    too; a skip (a failure under CI=true) saying what is missing when it cannot start here."""
     built = node.read_images()
     if built is None:
         unavailable("the node's images are not built: python -m tools.control_plane.images")
     try:
-        return tier.start_real_node(built)
+        return tier.start_real_node(built, registries)
     except build.Unavailable as missing:
         unavailable(str(missing))
 

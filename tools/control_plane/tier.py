@@ -64,6 +64,7 @@ class Tier:
     programs: list[Program] = dataclasses.field(default_factory=list)
     cluster_name: str = "dist-ml"  # the local stack's k3d cluster, whose node the tier simulates
     real_node: RealNode | None = None
+    simulated: bool = False  # KWOK runs the k3d cluster's simulated node
 
     @property
     def components(self) -> dict[str, Built]:
@@ -78,13 +79,18 @@ class Tier:
         token = service_account_token(self.api, namespace, account)
         return kubeconfig(self.directory / f"{name}.kubeconfig", self.kubernetes.pki, {"token": token})
 
-    def start(self, local: render.Rendered) -> None:
-        """Starts every component for the local stack's render `local` (its charts' values)."""
-        binaries = Binaries.of(self.built)
+    def start_kubernetes(self) -> None:
+        """Kubernetes alone: etcd, the API server, the controller manager and the scheduler."""
         certificates = pki.make(self.directory / "pki", API_SERVER_ADDRESSES)
-        self.kubernetes = Kubernetes(self.directory, binaries, certificates)
+        self.kubernetes = Kubernetes(self.directory, Binaries.of(self.built), certificates)
         self.kubernetes.start()
-        self.api = api = Api(self.admin)
+        self.api = Api(self.admin)
+
+    def start(self, local: render.Rendered) -> None:
+        """Starts every component for the local stack's render `local` (its charts' values), each
+        upstream controller a process of the tier's."""
+        self.start_kubernetes()
+        binaries, certificates, api = self.kubernetes.binaries, self.kubernetes.pki, self.api
         api.apply_all(
             namespace(name)
             for name in (TRAINER_NAMESPACE, KUEUE_NAMESPACE, KSERVE_NAMESPACE, ARGO_NAMESPACE, KEDA_NAMESPACE)
@@ -115,6 +121,7 @@ class Tier:
         self.kubeconfig_for(ARGO_NAMESPACE, ARGO_CONTROLLER_ACCOUNT, "argo")
         install.add(dataclasses.replace(argo_install, crds=[], before=[]))
         self._start_kwok(binaries, context)
+        self.simulated = True
         started = [
             Program(
                 controller.name,
@@ -163,6 +170,13 @@ class Tier:
         (node,) = nodes.k3d_nodes(self.cluster_name)
         return node["metadata"]["name"]
 
+    def program(self, name: str) -> str:
+        """The executable of one of the tier's programs (kubectl, pulumi, registry, ...)."""
+        return Binaries.of(self.built)[name]
+
+    def announce(self) -> None:
+        self._announce(Binaries.of(self.built))
+
     def _announce(self, binaries: Binaries) -> None:
         for component in self.built:
             programs = ", ".join(
@@ -170,17 +184,20 @@ class Tier:
                 for name, version in binaries.versions.items()
                 if binaries.paths[name] in component.binaries.values()
             )
+            what = programs or "its module only: CRDs, charts, manifests"
             note = f"; {component.note}" if component.note else ""
             self.say(
-                f"control-plane: {component.name} {component.version} ({programs}; pinned by "
+                f"control-plane: {component.name} {component.version} ({what}; pinned by "
                 f"{component.pinned_by}{note})"
             )
 
-    def start_real_node(self, images: NodeImages) -> RealNode:
+    def start_real_node(self, images: NodeImages, registries: tuple[str, ...] = ()) -> RealNode:
         """The real node (tools/control_plane/node.py), k3d's first agent as k3d names it, as the
-        cluster's one schedulable node (the simulated one cordoned, so that every pod lands here), and
-        the local-path provisioner k3s runs, whose helper pods need a node that runs them."""
-        self.api.patch("v1", "Node", self.node_name, {"spec": {"unschedulable": True}})
+        cluster's one schedulable node (the simulated one, if any, cordoned, so that every pod lands
+        here), pulling from `registries` too, and the local-path provisioner k3s runs, whose helper pods
+        need a node that runs them."""
+        if self.simulated:
+            self.api.patch("v1", "Node", self.node_name, {"spec": {"unschedulable": True}})
         kube_router = Path(self.components["kube-router"].module_dir)
         self.api.apply_all(upstream.kube_router_access(kube_router, KUBE_ROUTER_USER))
         self.real_node = RealNode(
@@ -190,6 +207,7 @@ class Tier:
             nodes.k3d_agent_name(self.cluster_name),
             nodes.K3S_NODE_LABELS,
             images,
+            registries,
             say=self.say,
         )
         self.real_node.start(self.api)
