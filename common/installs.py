@@ -33,6 +33,7 @@ class KustomizeInstall:
     ref: str
     path: str  # the kustomization's directory in the repository
     tags: tuple[tuple[str, str], ...] = ()
+    control_plane_ports: tuple[int, ...] = ()  # see control_plane_ports()
 
     @property
     def url(self) -> str:
@@ -57,6 +58,7 @@ class ChartInstall:
     namespace: str
     values: dict
     release: str | None = None  # the Helm release's name; None: Pulumi's resource name
+    control_plane_ports: tuple[int, ...] = ()  # see control_plane_ports()
 
     @property
     def artifact(self) -> str:
@@ -155,3 +157,10 @@ def with_images(value: Any, tags: dict[str, str], mirror: str | None) -> Any:
         return [with_images(item, tags, mirror) for item in value]
     return value
 
+
+def control_plane_ports(installs: list[Install]) -> tuple[int, ...]:
+    """The ports the API server calls on the installs' pods: their admission webhooks' and aggregated
+    APIs' target ports (what a Service's targetPort resolves to in the pod). Each install names its
+    own, beside its version; a private GKE cluster's firewall opens exactly these to the control plane
+    (infra/network.py), and the control-plane tier holds them to what the installed platform serves."""
+    return tuple(sorted({port for install in installs for port in install.control_plane_ports}))

@@ -119,7 +119,8 @@ class TFJobEngine(TrainingEngine):
     def installs(self, versions: dict[str, str], namespace: str) -> list[Install]:
         return [
             KustomizeInstall("training-operator", TRAINING_OPERATOR_REPOSITORY,
-                             versions["training_operator_version"], TRAINING_OPERATOR_OVERLAY)
+                             versions["training_operator_version"], TRAINING_OPERATOR_OVERLAY,
+                             control_plane_ports=(9443,))  # its webhook server
         ]
 
     def metrics(self) -> MetricsSource:

@@ -478,7 +478,9 @@ class TrainJobEngine(TrainingEngine):
     def installs(self, versions: dict[str, str], namespace: str) -> list[Install]:
         kueue = versions["kueue_version"]
         return [
-            KustomizeInstall("trainer", TRAINER_REPOSITORY, versions["trainer_version"], TRAINER_OVERLAY),
+            # Trainer's and JobSet's webhooks both listen on 9443 (their managers' webhook servers).
+            KustomizeInstall("trainer", TRAINER_REPOSITORY, versions["trainer_version"], TRAINER_OVERLAY,
+                             control_plane_ports=(9443,)),
             ChartInstall(
                 "kueue",
                 KUEUE_CHART,
@@ -494,6 +496,7 @@ class TrainJobEngine(TrainingEngine):
                         )
                     },
                 },
+                control_plane_ports=(8082, 9443),  # its visibility API (aggregated), its webhooks
             ),
         ]
 

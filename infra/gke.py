@@ -25,7 +25,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.network import PODS_RANGE_NAME, SERVICES_RANGE_NAME, GkeNetwork
+from infra.network import PODS_RANGE_NAME, SERVICES_RANGE_NAME, GkeNetwork, node_tag
 
 # GKE's own taint on GPU nodes, and ours on spot nodes: only training pods tolerate them.
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
@@ -52,6 +52,14 @@ GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
 VPC_NATIVE = "VPC_NATIVE"
 DATAPLANE_V2 = "ADVANCED_DATAPATH"  # the REST API's DatapathProvider for Dataplane V2
 SHIELDED_INSTANCE = {"enable_secure_boot": True, "enable_integrity_monitoring": True}
+# Minor upgrades held (kubernetes-engine/docs/concepts/maintenance-windows-and-exclusions): the channel
+# would move the cluster past the minor the stacks are tested on (common/kubernetes_support.py). The
+# scope NO_MINOR_UPGRADES still lets patches in, on the control plane and the nodes; its end is the
+# end of support of the cluster's minor (UNTIL_END_OF_SUPPORT, then GKE upgrades anyway). A stack's
+# move to the next minor is a change of `cluster.kubernetesVersion` and of this constant's users.
+HOLD_MINOR_UPGRADES = "NO_MINOR_UPGRADES"
+UNTIL_END_OF_SUPPORT = "UNTIL_END_OF_SUPPORT"
+HOLD_EXCLUSION_NAME = "hold-minor-upgrades"
 
 
 # Memory per vCPU (GiB: Compute Engine's GB is 2**30 bytes) of the predefined machine types
@@ -146,19 +154,47 @@ class GkeClusterArgs:
     image_repository: gcp.artifactregistry.Repository  # where the nodes pull the pods' images from
     network: GkeNetwork  # the VPC and the nodes' subnet, with the pods' and Services' ranges
     authorized_networks: tuple[str, ...] = ()  # who may reach the public IP endpoint; none: it is private
+    maintenance: MaintenanceWindow | None = None  # None: GKE's any-time default
+    hold_minor_upgrades_from: str | None = None  # RFC 3339; None: minor upgrades as the channel brings them
 
 
-def control_plane_access(authorized_networks: tuple[str, ...]) -> dict:
+@dataclasses.dataclass(frozen=True)
+class MaintenanceWindow:
+    """A recurring window (RFC 3339 start and end of its first occurrence, an RFC 5545 RRULE)."""
+    start: str
+    end: str
+    recurrence: str
+
+
+def maintenance_policy(window: MaintenanceWindow | None, hold_from: str | None) -> dict | None:
+    """When GKE may upgrade the cluster and its nodes, and the exclusion that holds minor upgrades
+    until the minor's end of support."""
+    if window is None and hold_from is None:
+        return None
+    policy: dict = {}
+    if window is not None:
+        policy["recurring_window"] = {"start_time": window.start, "end_time": window.end,
+                                      "recurrence": window.recurrence}
+    if hold_from is not None:
+        policy["maintenance_exclusions"] = [{
+            "exclusion_name": HOLD_EXCLUSION_NAME, "start_time": hold_from,
+            "exclusion_options": {"scope": HOLD_MINOR_UPGRADES, "end_time_behavior": UNTIL_END_OF_SUPPORT}}]
+    return policy
+
+
+def control_plane_access(authorized_networks: tuple[str, ...], endpoint_subnet: pulumi.Input[str]) -> dict:
     """The cluster's control-plane endpoints: the DNS-based one open to IAM-authorized callers from
-    anywhere; the IP-based one for the nodes, private unless `authorized_networks` may reach its public
-    address (Google's own public ranges never)."""
+    anywhere; the IP-based one for the nodes, in `endpoint_subnet` (the range the webhooks' firewall
+    rule lets in: infra/network.py), private unless `authorized_networks` may reach its public address
+    (Google's own public ranges never)."""
     return {
         "control_plane_endpoints_config": {
             "dns_endpoint_config": {"allow_external_traffic": True},
             "ip_endpoints_config": {"enabled": True},
         },
         "private_cluster_config": {"enable_private_nodes": True,
-                                   "enable_private_endpoint": not authorized_networks},
+                                   "enable_private_endpoint": not authorized_networks,
+                                   "private_endpoint_subnetwork": endpoint_subnet},
         "master_authorized_networks_config": {
             "cidr_blocks": [{"cidr_block": block, "display_name": f"authorized {block}"}
                             for block in authorized_networks],
@@ -214,6 +250,7 @@ class GkeCluster(pulumi.ComponentResource):
             # The minor the stack's objects are written for: GKE takes a minor for the newest patch its
             # channel offers (https://cloud.google.com/kubernetes-engine/versioning#specifying_cluster_version).
             min_master_version=args.kubernetes_version,
+            maintenance_policy=maintenance_policy(args.maintenance, args.hold_minor_upgrades_from),
             workload_identity_config={"workload_pool": f"{args.project}.svc.id.goog"},
             addons_config={"gcs_fuse_csi_driver_config": {"enabled": True},
                            "http_load_balancing": {"disabled": False}},
@@ -226,7 +263,7 @@ class GkeCluster(pulumi.ComponentResource):
                                   "services_secondary_range_name": SERVICES_RANGE_NAME},
             datapath_provider=DATAPLANE_V2,
             enable_shielded_nodes=True,
-            **control_plane_access(args.authorized_networks),
+            **control_plane_access(args.authorized_networks, args.network.control_plane.name),
             # Private nodes pull what is outside Google through the network's NAT, from their start.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[args.network.nat]),
         )
@@ -249,6 +286,7 @@ class GkeCluster(pulumi.ComponentResource):
                     # Pods get Google credentials from their Kubernetes service account, never the node's.
                     "workload_metadata_config": {"mode": "GKE_METADATA"},
                     "labels": node_selector(pool_name),
+                    "tags": [node_tag(args.name)],  # what the webhooks' firewall rule targets
                     "taints": pool.taints,
                     "guest_accelerators": pool.guest_accelerators(),
                     "shielded_instance_config": SHIELDED_INSTANCE,

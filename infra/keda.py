@@ -28,4 +28,6 @@ def install(version: str) -> KustomizeInstall:
     """KEDA `version` (2.21.0, its chart's and images' tags; the git tag has a v)."""
     bare = version.removeprefix("v")
     return KustomizeInstall("keda", REPOSITORY, f"v{bare}", KUSTOMIZATION,
-                            tags=tuple((image, bare) for image in IMAGES))
+                            tags=tuple((image, bare) for image in IMAGES),
+                            # the metrics API server (aggregated: external.metrics.k8s.io), the webhooks
+                            control_plane_ports=(6443, 9443))

@@ -113,7 +113,7 @@ def chart_install(component: str, version: str, image_mirror: str | None = None)
     values = CHART_VALUES if image_mirror is None else {
         **CHART_VALUES, "global": {"imageRegistry": image_mirror}}
     return ChartInstall(CHART, CHART, CHART_REPOSITORY, version, NAMESPACE, values,
-                        release=release_name(component))
+                        release=release_name(component))  # no webhook: CHART_VALUES turn them off
 
 
 @dataclasses.dataclass(frozen=True)

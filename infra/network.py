@@ -18,6 +18,18 @@ Router, for the nodes' subnet with its pods' range (images pulled from registrie
 upstream controllers'); Google's APIs stay on Private Google Access (nat/docs/overview; kubernetes-
 engine/docs/how-to/latest/network-isolation). NAT answers only connections the nodes open: nothing
 outside reaches in.
+
+The control plane calls the platform's admission webhooks and aggregated APIs on their pods. GKE's own
+rule for private nodes lets it in on tcp 443 and 10250 only (kubernetes-engine/docs/concepts/
+firewall-rules, "private clusters": `gke-[cluster-name]-[cluster-hash]-master`), while Kueue's,
+JobSet's, Trainer's, KServe's and KEDA's webhooks listen on 9443, Kueue's visibility API on 8082 and
+KEDA's metrics API on 6443: without a rule of our own the first ResourceFlavor or InferenceService
+times out inside the API server. Cloud Service Mesh documents the same rule (service-mesh/docs/
+private-cluster-open-port). Its source is the control plane's range: the cluster's control-plane
+endpoint is provisioned in a subnet of ours (`private_endpoint_subnetwork`, a Private Service Connect
+cluster has no `master_ipv4_cidr_block`), so the range is one the stack declares and no wider; its
+ports are exactly those the installs name (common/installs.py, control_plane_ports), its targets the
+nodes' tag.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ NODES_RANGE = "10.0.0.0/20"  # 4,096 node addresses
 PODS_RANGE = "10.4.0.0/14"  # GKE's default size: up to 1,024 nodes of 110 pods
 SERVICES_RANGE = "10.8.0.0/20"
 PROXY_ONLY_RANGE = "10.9.0.0/23"  # Google recommends a /23; /26 is the least it takes
+CONTROL_PLANE_RANGE = "10.9.2.0/28"  # the control plane's internal endpoint: a /28, as GKE's own ranges
 PODS_RANGE_NAME, SERVICES_RANGE_NAME = "pods", "services"
 PROXY_ONLY_PURPOSE, PROXY_ONLY_ROLE = "REGIONAL_MANAGED_PROXY", "ACTIVE"
 # Cloud NAT: addresses Google allocates as the nodes need them, for every range of the nodes' subnet
@@ -44,7 +57,15 @@ NAT_LOG = {"enable": True, "filter": "ERRORS_ONLY"}
 # here; Google recommends a /16 (cloud.google.com/sql/docs/postgres/private-ip, allocated range size).
 SERVICES_PEERING_ADDRESS, SERVICES_PEERING_PREFIX = "10.16.0.0", 16
 SERVICES_PEERING_RANGE = f"{SERVICES_PEERING_ADDRESS}/{SERVICES_PEERING_PREFIX}"
-NETWORK_RANGES = (NODES_RANGE, PODS_RANGE, SERVICES_RANGE, PROXY_ONLY_RANGE, SERVICES_PEERING_RANGE)
+NETWORK_RANGES = (NODES_RANGE, PODS_RANGE, SERVICES_RANGE, PROXY_ONLY_RANGE, CONTROL_PLANE_RANGE,
+                  SERVICES_PEERING_RANGE)
+WEBHOOKS_PROTOCOL = "tcp"
+
+
+def node_tag(cluster: str) -> str:
+    """The network tag of the cluster's nodes, which the webhook rule targets (GKE's own tag carries a
+    hash nobody knows in advance)."""
+    return f"{cluster}-nodes"
 
 
 def region_of(location: str) -> str:
@@ -59,12 +80,15 @@ class GkeNetworkArgs:
     name: str  # the network's; its subnets are <name>-nodes and <name>-proxy-only
     region: str  # the cluster's
     proxy_only_subnet: bool  # an internal (regional) Gateway's load balancer needs one
+    cluster: str  # the GKE cluster's name: its nodes' tag
+    control_plane_ports: tuple[int, ...]  # the webhooks' and aggregated APIs' ports on the nodes' pods
 
 
 class GkeNetwork(pulumi.ComponentResource):
     network: gcp.compute.Network
     nodes: gcp.compute.Subnetwork
     proxy_only: gcp.compute.Subnetwork | None
+    control_plane: gcp.compute.Subnetwork
     nat: gcp.compute.RouterNat
 
     def __init__(self, name: str, args: GkeNetworkArgs, opts: pulumi.ResourceOptions | None = None):
@@ -84,6 +108,20 @@ class GkeNetwork(pulumi.ComponentResource):
             f"{name}-proxy-only", project=args.project, name=f"{args.name}-proxy-only", region=args.region,
             network=self.network.id, ip_cidr_range=PROXY_ONLY_RANGE, purpose=PROXY_ONLY_PURPOSE,
             role=PROXY_ONLY_ROLE, opts=child) if args.proxy_only_subnet else None
+        self.control_plane = gcp.compute.Subnetwork(
+            f"{name}-control-plane", project=args.project, name=f"{args.name}-control-plane",
+            region=args.region, network=self.network.id, ip_cidr_range=CONTROL_PLANE_RANGE,
+            private_ip_google_access=True, opts=child)
+        if args.control_plane_ports:
+            gcp.compute.Firewall(
+                f"{name}-control-plane-to-webhooks", project=args.project,
+                name=f"{args.name}-control-plane-to-webhooks", network=self.network.id,
+                description="The control plane calls the platform's admission webhooks and aggregated APIs",
+                direction="INGRESS", source_ranges=[CONTROL_PLANE_RANGE],
+                target_tags=[node_tag(args.cluster)],
+                allows=[{"protocol": WEBHOOKS_PROTOCOL,
+                         "ports": [str(port) for port in args.control_plane_ports]}],
+                opts=child)
         router = gcp.compute.Router(
             f"{name}-router", project=args.project, name=f"{args.name}-router", region=args.region,
             network=self.network.id, opts=child)

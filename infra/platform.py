@@ -101,7 +101,7 @@ def cert_manager_install(version: str, image_mirror: str | None = None) -> Chart
     if image_mirror is not None:
         values["imageRegistry"] = image_mirror  # also the ACME solver's image, an argument of the controller
     return ChartInstall("cert-manager", "cert-manager", CERT_MANAGER_CHARTS, version, CERT_MANAGER_NAMESPACE,
-                        values)
+                        values, control_plane_ports=(10250,))  # its webhook (the chart's webhook.securePort)
 
 
 def kserve_installs(version: str, controller: dict, image_mirror: str | None) -> list[ChartInstall]:
@@ -116,7 +116,8 @@ def kserve_installs(version: str, controller: dict, image_mirror: str | None) ->
         ChartInstall("kserve-crd", "kserve-crd", KSERVE_CHARTS, version, KSERVE_NAMESPACE, {}),
         ChartInstall("kserve-resources", "kserve-resources", KSERVE_CHARTS, version, KSERVE_NAMESPACE,
                      {"kserve": {"controller": controller, **{key: value for key, value in configured.items()
-                                                              if value}}}),
+                                                              if value}}},
+                     control_plane_ports=(9443,)),  # the controller's webhook server
         # The ClusterServingRuntimes (TF Serving among them; off by default), after KServe's webhooks.
         ChartInstall("kserve-runtime-configs", "kserve-runtime-configs", KSERVE_CHARTS, version,
                      KSERVE_NAMESPACE, {"kserve": {"servingruntime": {"enabled": True}}}),

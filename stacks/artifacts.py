@@ -22,8 +22,8 @@ from typing import Sequence
 from common import cli
 from common.installs import ChartInstall, Install
 from pipeline.validation import ConfigError
-from stacks.compose import REPO_ROOT, installed_artifacts
 from stacks.config import from_pulumi_values, parse_stack_config
+from stacks.installs import REPO_ROOT, installed_artifacts
 from stacks.render import pulumi_values
 
 # Trainer's manager overlay names JobSet's release manifests by URL (manifests/third-party/jobset): in

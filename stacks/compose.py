@@ -6,7 +6,6 @@ outputs that tell a user how to reach the system."""
 from __future__ import annotations
 
 import posixpath
-from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -18,26 +17,24 @@ from common.cluster_target import (
     ClusterStorage,
     ClusterTarget,
 )
-from common.installs import Install, KustomizeInstall
 from common.pod_security import enforcing_labels
 from common.tracking_names import server_uri
 from engines import ENGINES
 from engines.base import QueuePlacement
 from infra.gateway import Gateway, GatewayArgs, GatewayPlacement
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
-from infra.monitoring import Monitoring, MonitoringArgs, chart_install, prometheus_url, release_name
+from infra.monitoring import Monitoring, MonitoringArgs, prometheus_url, release_name
 from infra.pipeline import PipelineArgs, PipelineResources
-from infra.platform import Platform, PlatformArgs, platform_installs
+from infra.platform import Platform
 from infra.queue import TrainingQueue, TrainingQueueArgs
 from infra.serving import LOGGER_SERVICE_ACCOUNT, Serving, ServingArgs, logger_url
 from infra.tracking import SERVER_ACCOUNT, TrackingServer, TrackingServerArgs
 from pipeline.argo import ARGO_NAMESPACE
 from pipeline.definition import Layout
+from stacks.installs import MONITORING, REPO_ROOT, platform_args
 from stacks.kinds import KINDS
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource
 from stacks.settings import StackConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[1]  # the project: a relative artifactDirectory is under it
 
 
 def storage_users(config: StackConfig) -> tuple[str, ...]:
@@ -112,7 +109,6 @@ def declare_tracking(config: StackConfig, kind: ClusterKind, cluster: Cluster, i
     return server_uri(config.namespace)
 
 
-MONITORING = "monitoring"  # the Monitoring component's name, which its chart's release name carries
 
 
 def cluster_prometheus(config: StackConfig) -> str | None:
@@ -121,42 +117,6 @@ def cluster_prometheus(config: StackConfig) -> str | None:
     if not config.monitoring.enabled:
         return None
     return config.monitoring.prometheus_url or prometheus_url(MONITORING)
-
-
-def platform_args(config: StackConfig, provider: k8s.Provider | None) -> PlatformArgs:
-    """The platform; with KEDA only when serving scales on load (three pods and an external-metrics
-    API service that nothing would use otherwise)."""
-    versions = config.platform
-    engine = ENGINES[config.pipeline.engine]
-    return PlatformArgs(
-        engine=engine,
-        engine_versions={field: getattr(versions, field) for field in engine.stack_keys.get("platform", ())},
-        namespace=config.namespace,
-        argo_version=versions.argo_version,
-        cert_manager_version=versions.cert_manager_version if versions.install_cert_manager else None,
-        kserve_version=versions.kserve_version,
-        provider=provider, sources=versions.sources(REPO_ROOT),
-        controller_requests=(versions.controller_requests.as_requests() if versions.controller_requests
-                             else {}),
-        keda_version=versions.keda_version if config.pipeline.serving.autoscaling.on_load else None)
-
-
-def installed_artifacts(config: StackConfig) -> list[Install]:
-    """Every chart and kustomization the stack installs: what its artifact directory must hold."""
-    installs = platform_installs(platform_args(config, None)).all()
-    if config.monitoring.enabled and config.monitoring.prometheus_url is None:
-        installs.append(chart_install(MONITORING, config.monitoring.kube_prometheus_stack_version))
-    return installs
-
-
-def missing_artifacts(config: StackConfig) -> list[str]:
-    """What the artifact directory lacks of installed_artifacts (none without a directory)."""
-    sources = config.platform.sources(REPO_ROOT)
-    if sources.directory is None:
-        return []
-    wanted = [install.artifact for install in installed_artifacts(config)
-              if isinstance(install, KustomizeInstall) or sources.chart_mirror is None]
-    return [path for path in dict.fromkeys(wanted) if not (Path(sources.directory) / path).exists()]
 
 
 def declare_monitoring(config: StackConfig, provider: k8s.Provider, platform: Platform,

@@ -18,6 +18,7 @@ import yaml
 from common import pod_security
 from common.cluster_names import MANIFEST_FLAG as ROLLOUT_MANIFEST_FLAG
 from common.cluster_names import canary_name, predictor_deployment_name
+from common.kubernetes_support import untested
 from infra import gke_endpoint as gke
 from stacks.declared import UNKNOWN
 
@@ -188,7 +189,8 @@ def private_databases(resources: Sequence) -> list[str]:
 
 GKE_CLUSTER = "gcp:container/cluster:Cluster"
 GKE_NODE_POOL = "gcp:container/nodePool:NodePool"
-OPEN_RANGES = ("0.0.0.0/0", "::/0")
+OPEN_RANGES = frozenset({gke.EVERYONE, "0.0.0.0/0", "::/0"})  # in a firewall, Cloud Armor or an allowlist
+FIREWALL = "gcp:compute/firewall:Firewall"
 NETWORK_POLICY_DATAPATH = "ADVANCED_DATAPATH"  # Dataplane V2 enforces NetworkPolicy always
 
 
@@ -222,7 +224,40 @@ def closed_clusters(resources: Sequence) -> list[str]:
     return violations
 
 
-CLOUD_POLICIES = (private_buckets, no_service_account_keys, private_databases, closed_clusters)
+def closed_firewalls(resources: Sequence) -> list[str]:
+    """No ingress rule the stack declares lets everyone in: the webhooks' rule opens the nodes to the
+    control plane's range only (infra/network.py)."""
+    violations = []
+    for rule in (r for r in resources if r.type == FIREWALL):
+        if str(rule.inputs.get("direction", "INGRESS")) != "INGRESS":
+            continue
+        ranges = set(rule.inputs.get("sourceRanges") or [])
+        if not ranges or ranges & OPEN_RANGES:
+            sources = ", ".join(sorted(ranges)) or "any source"
+            violations.append(f"firewall rule {rule.name}: lets in {sources}; name the ranges that may "
+                              "reach the nodes")
+    return violations
+
+
+def tested_kubernetes(resources: Sequence) -> list[str]:
+    """The cluster's minor (GKE's minMasterVersion; on every kind, the Pod Security version each
+    namespace enforces, which the stacks pin to the cluster's minor) inside every installed controller's
+    tested range (common/kubernetes_support.py)."""
+    minors: dict[str, str] = {}
+    for resource in resources:
+        if resource.type == GKE_CLUSTER and isinstance(resource.inputs.get("minMasterVersion"), str):
+            minors.setdefault(resource.inputs["minMasterVersion"], f"GKE cluster {resource.name}")
+        elif resource.type == "kubernetes:core/v1:Namespace":
+            labels = (resource.inputs.get("metadata") or {}).get("labels") or {}
+            version = labels.get(pod_security.ENFORCE_VERSION_LABEL)
+            if isinstance(version, str):
+                minors.setdefault(version.removeprefix("v"), f"namespace {resource.name}")
+    return [f"{where}: Kubernetes {minor} is outside the tested range of {', '.join(outside)}"
+            for minor, where in minors.items() if (outside := untested(minor))]
+
+
+CLOUD_POLICIES = (private_buckets, no_service_account_keys, private_databases, closed_clusters,
+                  closed_firewalls)
 
 
 def cloud_violations(resources: Sequence) -> list[str]:
@@ -231,7 +266,6 @@ def cloud_violations(resources: Sequence) -> list[str]:
 # --- Endpoints: nothing public without HTTPS and an access control ----------------------------------
 
 SECURITY_POLICY = "gcp:compute/securityPolicy:SecurityPolicy"
-OPEN_RANGES = frozenset({gke.EVERYONE, "0.0.0.0/0", "::/0"})
 
 
 def _closing_rules(policy: Any) -> list[str]:

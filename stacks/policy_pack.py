@@ -38,6 +38,9 @@ POLICIES: dict[str, tuple[str, Check]] = {
                           "users only (no password)", policies.private_databases),
     "closed-clusters": ("GKE clusters with private nodes, a public endpoint (if any) open to named ranges "
                         "only, and NetworkPolicy enforced", policies.closed_clusters),
+    "tested-kubernetes": ("the cluster's Kubernetes minor inside every installed controller's tested range",
+                          policies.tested_kubernetes),
+    "closed-firewalls": ("no ingress firewall rule open to everyone", policies.closed_firewalls),
     "public-endpoints": ("a public Gateway serves HTTPS only (plain HTTP only redirects) and every backend "
                          "behind it has an access control (a Cloud Armor allowlist denying the rest, or IAP)",
                          lambda resources: policies.public_endpoints(kubernetes_objects(resources),

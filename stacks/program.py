@@ -8,8 +8,9 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from pipeline.validation import ConfigError
-from stacks.compose import define_stack, missing_artifacts
+from stacks.compose import define_stack
 from stacks.config import from_pulumi_values, parse_stack_config
+from stacks.installs import missing_artifacts
 from stacks.settings import PROJECT
 
 # Config namespaces the program reads: its own, and the Google provider's project and region.

@@ -16,8 +16,8 @@ from stack_checks import closure, embedded, objects_of, validate_all
 from common.cluster_target import DEFAULT_PROMETHEUS_URL, KUBERNETES_MINOR
 from infra.monitoring import prometheus_url
 from stacks import render
-from stacks.compose import MONITORING
 from stacks.declared import Declared
+from stacks.installs import MONITORING
 
 STACK_FILES = {"local": REPO_ROOT / "Pulumi.local.yaml", "gke": REPO_ROOT / "Pulumi.gke.yaml"}
 METRICS = ("inflight", "rps", "cpu", "memory")

@@ -211,19 +211,20 @@ def test_the_fixtures_cache_is_ignored_by_git():
 
 def test_the_pr_workflow_fetches_the_fixtures_caches_them_and_runs_the_tests_under_ci():
     workflow = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "preview.yml").read_text())
-    steps = workflow["jobs"]["preview"]["steps"]
+    steps = workflow["jobs"]["checks"]["steps"]
     runs = [step.get("run", "").strip() for step in steps]
     uses = [step.get("uses", "") for step in steps]
     restore = next(i for i, u in enumerate(uses) if u.startswith("actions/cache/restore@"))
     save = next(i for i, u in enumerate(uses) if u.startswith("actions/cache/save@"))
     fetch = runs.index("make fixtures")
-    tests = next(i for i, run in enumerate(runs) if run.endswith(" make test"))
+    tests = runs.index("make test-fast")
     assert restore < fetch < save < tests
     for cache in (steps[restore], steps[save]):
         assert cache["with"]["path"] == ".cache/fixtures"
         assert "hashFiles('testdata/pins.py')" in cache["with"]["key"]
     assert steps[tests]["env"]["CI"] == "true"
-    preview = next(s for s in steps if s.get("uses", "").startswith("pulumi/actions@"))
+    preview = next(s for s in workflow["jobs"]["preview"]["steps"]
+                   if s.get("uses", "").startswith("pulumi/actions@"))
     assert preview["with"]["upsert"] is True
     config = yaml.safe_load(preview["with"]["config-map"])
     assert set(config) == {"gcp:project", "gcp:region"}

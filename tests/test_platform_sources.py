@@ -33,8 +33,8 @@ from infra.platform import (
     with_requests,
 )
 from stacks import artifacts, render
-from stacks.compose import installed_artifacts, missing_artifacts
 from stacks.config import from_pulumi_values, parse_stack_config
+from stacks.installs import installed_artifacts, missing_artifacts
 
 KUEUE = ChartInstall("kueue", "kueue", "oci://registry.k8s.io/kueue/charts", "0.19.2", "kueue-system", {})
 CERT_MANAGER = cert_manager_install("v1.21.2")

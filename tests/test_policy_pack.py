@@ -113,6 +113,10 @@ def test_each_violation_is_reported():
             "datapathProvider": "ADVANCED_DATAPATH"}),
         types.SimpleNamespace(resource_type=policies.GKE_NODE_POOL, name="public-pool",
                               props={"networkConfig": {"enablePrivateNodes": False}}),
+        types.SimpleNamespace(resource_type=policies.FIREWALL, name="webhooks-from-anywhere", props={
+            "direction": "INGRESS", "sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp"}]}),
+        types.SimpleNamespace(resource_type=policies.FIREWALL, name="egress", props={
+            "direction": "EGRESS", "destinationRanges": ["0.0.0.0/0"]}),
     ]
     found = reported(bad)
     assert found["no-cluster-admin"] == ["ClusterRoleBinding/admin binds cluster-admin"]
@@ -137,6 +141,8 @@ def test_each_violation_is_reported():
         "GKE cluster anyone: its public endpoint is open to everyone (authorized networks: 0.0.0.0/0); name "
         "the ranges that may reach it, or make it private and use the DNS-based endpoint",
         "GKE node pool public-pool: its nodes have public addresses"]
+    assert found["closed-firewalls"] == [
+        "firewall rule webhooks-from-anywhere: lets in 0.0.0.0/0; name the ranges that may reach the nodes"]
 
 
 @pytest.fixture(scope="module")

@@ -28,12 +28,15 @@ if str(REPO_ROOT) not in sys.path:  # run as `python tools/docs_reference.py`
 
 from pydantic import BaseModel  # noqa: E402
 
+from common.kubernetes_support import TESTED_RANGES  # noqa: E402
 from pipeline import config as pipeline_config  # noqa: E402
 from pipeline import validation  # noqa: E402
 from stacks import config as stack_config  # noqa: E402
 
 CONFIGURATION_PAGE = REPO_ROOT / "docs" / "reference" / "configuration.md"
 CLI_PAGE = REPO_ROOT / "docs" / "reference" / "cli.md"
+KUBERNETES_PAGE = REPO_ROOT / "docs" / "reference" / "kubernetes.md"  # its table of tested ranges
+TESTED_RANGES_START, TESTED_RANGES_END = "<!-- tested-ranges:", "<!-- end tested-ranges -->"
 REGENERATE = "python tools/docs_reference.py"
 # The JSON Schemas editors read, and the commands that write them from the models.
 COMMITTED_SCHEMAS = {
@@ -570,8 +573,19 @@ def cli_page() -> str:
 
 # --- Writing and checking ------------------------------------------------------------------------
 
+def kubernetes_page() -> str:
+    """docs/reference/kubernetes.md with its table of tested ranges written from TESTED_RANGES."""
+    text = KUBERNETES_PAGE.read_text()
+    start, end = text.index(TESTED_RANGES_START), text.index(TESTED_RANGES_END)
+    start = text.index("\n", start) + 1
+    rows = [(tested.controller, tested.pinned, tested.shown, tested.source) for tested in TESTED_RANGES]
+    lines = table(("controller", "pinned", "tested Kubernetes", "source"), rows)
+    return text[:start] + "\n".join(lines) + "\n" + text[end:]
+
+
 def pages() -> dict[Path, str]:
-    return {CONFIGURATION_PAGE: configuration_page()[0], CLI_PAGE: cli_page()}
+    return {CONFIGURATION_PAGE: configuration_page()[0], CLI_PAGE: cli_page(),
+            KUBERNETES_PAGE: kubernetes_page()}
 
 
 def stale_files() -> list[tuple[Path, str]]:

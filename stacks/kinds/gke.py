@@ -7,6 +7,7 @@ the bucket) and the Google provider's `gcp:project` and `gcp:region`."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import ipaddress
 from typing import Annotated, Any, ClassVar, Literal, Mapping, get_args
 
@@ -24,6 +25,7 @@ from infra.gke import (
     GPU_DRIVER_VERSIONS,
     GkeCluster,
     GkeClusterArgs,
+    MaintenanceWindow,
     NodePoolArgs,
     allocatable,
     machine_size,
@@ -46,6 +48,7 @@ from infra.registry import RegistryImages, RegistryImagesArgs
 from infra.tracking import CloudSqlBackend
 from pipeline.config import Autoscaling, ScalingMetric
 from pipeline.validation import Flag, Section, Text, WholeNumber, fail, matching
+from stacks.installs import platform_ports
 from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrackingPlacement, TrainingPlacement
 from stacks.settings import PROJECT, MonitoringConfig, StackServing, StackSettings, TrainingQuota
 
@@ -175,6 +178,45 @@ class NodePools(Section):
     gpu: GpuPool = Field(GpuPool(), description="optional GPU pool for training")
 
 
+UtcTime = matching(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",
+                   "a UTC time like 2026-01-03T02:00:00Z")
+WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+_DAYS = "(" + "|".join(WEEKDAYS) + ")"
+Recurrence = matching(rf"^FREQ=(DAILY|WEEKLY;BYDAY={_DAYS}(,{_DAYS})*)$",
+                      "FREQ=DAILY or FREQ=WEEKLY;BYDAY=<days> (MO,TU,WE,TH,FR,SA,SU)")
+# GKE's rule for a maintenance window (kubernetes-engine/docs/how-to/maintenance-windows-and-exclusions):
+# "at least 48 hours of maintenance availability in a 32-day rolling window", counting only windows
+# of 4 contiguous hours or more. 32 days hold at least 4 of each weekday.
+LEAST_WINDOW_HOURS, LEAST_HOURS_IN_32_DAYS, WEEKS_IN_32_DAYS = 4, 48, 4
+
+
+class MaintenanceConfig(Section):
+    """When GKE may upgrade the cluster and its nodes, and whether minor upgrades wait for the stack."""
+    window_start: UtcTime = Field(
+        "2026-01-03T02:00:00Z", description="the first window's start (its time of day is every window's)")
+    window_end: UtcTime = Field("2026-01-03T08:00:00Z", description="the first window's end")
+    recurrence: Recurrence = Field("FREQ=WEEKLY;BYDAY=SA,SU", description="how the window repeats (RFC 5545)")
+    hold_minor_upgrades: Flag = Field(
+        True, description="a maintenance exclusion (NO_MINOR_UPGRADES) until the minor's end of support: "
+                          "patches only, the cluster stays on cluster.kubernetesVersion")
+    hold_from: UtcTime = Field("2026-01-01T00:00:00Z", description="when that exclusion starts")
+
+    @model_validator(mode="after")
+    def _gke_takes_the_window(self) -> MaintenanceConfig:
+        start, end = (datetime.datetime.fromisoformat(time.replace("Z", "+00:00"))
+                      for time in (self.window_start, self.window_end))
+        hours = (end - start).total_seconds() / 3600
+        if not LEAST_WINDOW_HOURS <= hours <= 24:
+            raise fail(f"must be {LEAST_WINDOW_HOURS} to 24 hours after windowStart (GKE counts only windows "
+                       f"of {LEAST_WINDOW_HOURS} hours or more): {hours:g} h", "windowEnd")
+        days = self.recurrence.partition("BYDAY=")[2].split(",") if "WEEKLY" in self.recurrence else None
+        in_32_days = hours * (32 if days is None else WEEKS_IN_32_DAYS * len(days))
+        if in_32_days < LEAST_HOURS_IN_32_DAYS:
+            raise fail(f"gives {in_32_days:g} hours in 32 days; GKE requires at least "
+                       f"{LEAST_HOURS_IN_32_DAYS}: more days or longer windows", "recurrence")
+        return self
+
+
 class EndpointConfig(Section):
     """Who reaches the model: by default only the cluster's VPC network, through an internal load
     balancer; public: true puts it on the internet, over HTTPS only and behind an allowlist."""
@@ -228,6 +270,8 @@ class GkeConfig(Section):
     endpoint: EndpointConfig = Field(
         EndpointConfig(), description="who reaches the model: the VPC network (default) or, over HTTPS, the "
                                       "internet's allowed ranges")
+    maintenance: MaintenanceConfig = Field(
+        MaintenanceConfig(), description="when GKE may upgrade, and the hold on minor upgrades")
     authorized_networks: tuple[Ipv4Range, ...] = Field(
         (), description="who may reach the control plane's public IP endpoint; none (default): it is "
                         "private, and kubectl and Pulumi reach the cluster through its DNS-based endpoint "
@@ -384,13 +428,18 @@ class GkeKind(ClusterKind):
             opts=self._after_apis())
         self._network = GkeNetwork("network", GkeNetworkArgs(
             project=gcp.project, name=config.name, region=region_of(config.location),
-            proxy_only_subnet=not config.endpoint.public), opts=self._after_apis())
+            proxy_only_subnet=not config.endpoint.public, cluster=config.name,
+            control_plane_ports=platform_ports(self.config)), opts=self._after_apis())
         self._cluster = GkeCluster("cluster", GkeClusterArgs(
             project=gcp.project, name=config.name, location=config.location,
             release_channel=config.release_channel, kubernetes_version=config.kubernetes_version,
             deletion_protection=config.deletion_protection,
             node_pools=self._pools, image_repository=self._registry.repository, network=self._network,
-            authorized_networks=config.authorized_networks),
+            authorized_networks=config.authorized_networks,
+            maintenance=MaintenanceWindow(config.maintenance.window_start, config.maintenance.window_end,
+                                          config.maintenance.recurrence),
+            hold_minor_upgrades_from=config.maintenance.hold_from if config.maintenance.hold_minor_upgrades
+            else None),
             opts=self._after_apis())
         return Cluster(provider=self._cluster.provider, kubeconfig=self._cluster.kubeconfig)
 

@@ -16,7 +16,7 @@ from tier_helpers import NAMESPACE, delete_all, serve_step
 from common.cluster_names import ISVC_LABEL, ISVC_METRIC_LABEL, canary_name, predictor_deployment_name
 from infra.monitoring import prometheus_url
 from stacks import render
-from stacks.compose import MONITORING
+from stacks.installs import MONITORING
 from tools.control_plane.kube import Refused
 
 ISVC_API = "serving.kserve.io/v1beta1"

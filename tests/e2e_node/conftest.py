@@ -36,8 +36,9 @@ from e2e_stack import (
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from common.installs import qualified
-from stacks.compose import installed_artifacts
 from stacks.config import from_pulumi_values, parse_stack_config
+from stacks.installs import installed_artifacts
+from stacks.settings import StackConfig
 from testdata import fixtures
 from testdata.pins import CRD_PINS
 from tools.control_plane import artifacts, build, cert_manager, components
@@ -183,6 +184,7 @@ class PulumiCluster:
     updates: list[Update]
     never_started: str  # the first up's failure, in the kubelet's words
     never_started_seconds: float
+    config: StackConfig  # the stack file's, parsed as the program parses it
 
     def __getattr__(self, name):  # the tier's api, real_node, kubeconfig_for, ...
         return getattr(self.tier, name)
@@ -236,7 +238,7 @@ def cluster(tier: Tier, registry: Registry, mirror, say) -> PulumiCluster:
     updates = [stack.up()]
     print_platform(tier, say)
     try:
-        yield PulumiCluster(tier, stack, updates, str(first.value), never_started_seconds)
+        yield PulumiCluster(tier, stack, updates, str(first.value), never_started_seconds, parsed)
     finally:
         stand_in.stop()
     left = stack.resources()

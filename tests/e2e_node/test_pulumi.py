@@ -15,6 +15,7 @@ import yaml
 from e2e_stack import NAMESPACE, NEVER_STARTS_SECONDS, PLATFORM_NAMESPACES, WITHHELD
 
 from engines.base import condition
+from stacks.installs import platform_ports
 from stacks.program import main as stack_program
 from tools.control_plane import artifacts, components
 from tools.control_plane.pulumi_stack import no_changes
@@ -57,6 +58,40 @@ def test_every_webhook_is_reached_through_its_service_with_a_ca(cluster):
                 client = webhook["clientConfig"]
                 assert "url" not in client and client["service"]["namespace"] in PLATFORM_NAMESPACES, webhook
                 assert client.get("caBundle"), (configuration["metadata"]["name"], webhook["name"])
+
+
+def target_port(api, service: dict) -> int:
+    """The port in the pod that a webhook's or APIService's Service reference reaches: the Service
+    port's targetPort, a name resolved through the Service's EndpointSlices as kube-proxy does."""
+    found = api.get("v1", "Service", service["name"], service["namespace"])
+    (port,) = [p for p in found["spec"]["ports"] if p["port"] == service.get("port", 443)]
+    target = port.get("targetPort", port["port"])
+    if isinstance(target, int):
+        return target
+    slices = api.list("discovery.k8s.io/v1", "EndpointSlice", service["namespace"],
+                      label_selector=f"kubernetes.io/service-name={service['name']}")
+    (number,) = {p["port"] for s in slices for p in s.get("ports") or [] if p.get("name") == port.get("name")}
+    return number
+
+
+def test_the_control_plane_calls_the_platform_on_exactly_the_ports_the_installs_name(cluster):
+    """What a private GKE cluster's firewall opens to the control plane (infra/network.py): every
+    webhook's and aggregated API's port in its pod is one the installs name, and each port they name
+    is one the installed platform serves."""
+    served: dict[int, list[str]] = {}
+    for kind in WEBHOOKS:
+        for configuration in cluster.api.list("admissionregistration.k8s.io/v1", kind):
+            for webhook in configuration.get("webhooks") or []:
+                port = target_port(cluster.api, webhook["clientConfig"]["service"])
+                served.setdefault(port, []).append(f"{kind} {webhook['name']}")
+    for api_service in cluster.api.list("apiregistration.k8s.io/v1", "APIService"):
+        if api_service["spec"].get("service"):
+            port = target_port(cluster.api, api_service["spec"]["service"])
+            served.setdefault(port, []).append(f"APIService {api_service['metadata']['name']}")
+    named = set(platform_ports(cluster.config))
+    unopened = {port: callers for port, callers in served.items() if port not in named}
+    assert not unopened, f"the installs do not name these ports, which the control plane calls: {unopened}"
+    assert named <= set(served), f"named but served by no webhook or APIService: {named - set(served)}"
 
 
 def test_an_image_nobody_built_fails_up_within_minutes_in_the_kubelets_words(cluster):
