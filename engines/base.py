@@ -62,6 +62,11 @@ class QueuePlacement:
     node_labels: dict
     tolerations: tuple[dict, ...]
     quota: dict[str, str]  # resource -> quantity
+    # A ProvisioningRequest class that brings the pool's nodes for each admitted job, all at once (GKE's
+    # queued provisioning), and the resources it provisions; None: the nodes are there, or the
+    # cluster autoscaler adds them pod by pod.
+    provisioning_class: str | None = None
+    provisioned_resources: tuple[str, ...] = ()
 
 
 class JobApi(Protocol):

@@ -55,6 +55,12 @@ WORKLOAD_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 TRAINING_QUEUE = "dist-ml-training"  # the LocalQueue of the pipeline's namespace (never `default`)
 CLUSTER_QUEUE = "dist-ml-training"
 FLAVOR_PREFIX = "dist-ml-"
+# Kueue's own admission check controller for ProvisioningRequests (kueue v0.19.2
+# pkg/controller/admissionchecks/provisioning/constants.go ControllerName); the check and its config
+# are ours.
+PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+PROVISIONING_CHECK = "dist-ml-provisioning"
+CHECK_READY = "Ready"  # a Workload's admission check state once its controller lets the job start
 KUEUE_API_VERSION = f"{WORKLOAD.group}/{WORKLOAD.version}"
 # Kubernetes ends a Job's pod names with 5 random characters; JobSet's webhook counts them in
 # (jobset v0.12.0 pkg/webhooks/jobset_webhook.go: `<jobset>-<job>-<jobIndex>-<podIndex>-abcde`).
@@ -369,11 +375,32 @@ def resource_flavor(pool: str, node_labels: dict, tolerations: tuple[dict, ...])
     }
 
 
-def cluster_queue(flavor: str, quota: dict[str, str], namespace: str) -> dict:
+def provisioning_check(provisioning_class: str, resources: tuple[str, ...]) -> list[dict]:
+    """A ProvisioningRequestConfig of `provisioning_class` for `resources`, and the AdmissionCheck of
+    Kueue's provisioning controller that names it: Kueue holds a job admitted on the flavor until the
+    class has brought every node it needs, then lets all its pods start at once."""
+    config = {
+        "apiVersion": KUEUE_API_VERSION,
+        "kind": "ProvisioningRequestConfig",
+        "metadata": {"name": PROVISIONING_CHECK, "labels": dict(PART_OF)},
+        "spec": {"provisioningClassName": provisioning_class, "managedResources": list(resources)},
+    }
+    check = {
+        "apiVersion": KUEUE_API_VERSION,
+        "kind": "AdmissionCheck",
+        "metadata": {"name": PROVISIONING_CHECK, "labels": dict(PART_OF)},
+        "spec": {"controllerName": PROVISIONING_CONTROLLER,
+                 "parameters": {"apiGroup": WORKLOAD.group, "kind": "ProvisioningRequestConfig",
+                                "name": PROVISIONING_CHECK}},
+    }
+    return [config, check]
+
+
+def cluster_queue(flavor: str, quota: dict[str, str], namespace: str, checked: bool = False) -> dict:
     """Admits the pipeline namespace's jobs (a ClusterQueue without a namespaceSelector admits none)
     within `quota` ({resource: quantity}: Kueue refuses a job that asks for a resource it does not
     cover). BestEffortFIFO: a job that does not fit does not hold back a smaller one behind it."""
-    return {
+    queue = {
         "apiVersion": KUEUE_API_VERSION,
         "kind": "ClusterQueue",
         "metadata": {"name": CLUSTER_QUEUE, "labels": dict(PART_OF)},
@@ -396,6 +423,10 @@ def cluster_queue(flavor: str, quota: dict[str, str], namespace: str) -> dict:
             ],
         },
     }
+    if checked:  # the flavor's jobs wait for PROVISIONING_CHECK
+        queue["spec"]["admissionChecksStrategy"] = {
+            "admissionChecks": [{"name": PROVISIONING_CHECK, "onFlavors": [flavor]}]}
+    return queue
 
 
 def local_queue(namespace: str) -> dict:
@@ -469,9 +500,12 @@ class TrainJobEngine(TrainingEngine):
         runtime patch), so they land on the training pool; its tolerations replace the runtime's
         (kueue v0.19.2 patches them in whole), so they are the pool's own."""
         flavor = resource_flavor(placement.pool, placement.node_labels, placement.tolerations)
+        checks = (provisioning_check(placement.provisioning_class, placement.provisioned_resources)
+                  if placement.provisioning_class else [])
         return [
             flavor,
-            cluster_queue(flavor["metadata"]["name"], placement.quota, namespace),
+            *checks,
+            cluster_queue(flavor["metadata"]["name"], placement.quota, namespace, checked=bool(checks)),
             local_queue(namespace),
         ]
 
@@ -564,6 +598,12 @@ class TrainJobEngine(TrainingEngine):
                     f"{workload['spec'].get('queueName')}: {described(reserved)}"
                 )
             return f"queued by Kueue in {workload['spec'].get('queueName')}: {described(reserved)}"
+        if pending := [check for check in (workload.get("status") or {}).get("admissionChecks") or []
+                       if check.get("state") != CHECK_READY]:
+            return (f"quota reserved by Kueue in {workload['spec'].get('queueName')}, waiting for its "
+                    "admission check " + "; ".join(f"{check['name']}: {check.get('state')}"
+                                         + (f": {check['message']}" if check.get("message") else "")
+                                         for check in pending))
         return f"suspended, Kueue's Workload {workload['metadata']['name']} admitting it"
 
     def refusal(self, api: JobApi, namespace: str, job: dict) -> str | None:

@@ -36,6 +36,14 @@ SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO
 # since 1.30.1-gke.1156000 and none before, the API reference still says none. A node without a driver
 # never advertises nvidia.com/gpu, so the pods that ask for one wait until their step times out.
 GPU_DRIVER_VERSIONS = ("DEFAULT", "LATEST")
+# Queued provisioning (GKE's Dynamic Workload Scheduler, flex-start): the pool's nodes come only
+# through ProvisioningRequests of this class, all of a request's nodes at once, for at most 7 days.
+# What GKE requires of the pool (kubernetes-engine/docs/how-to/provisioningrequest, "Create a node
+# pool"): queued provisioning and flex-start on, autoscaling from zero with the ANY location policy,
+# no reservation, no auto-repair (a repair would replace a node the request holds).
+QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
+QUEUED_LOCATION_POLICY = "ANY"
+NO_RESERVATION = "NO_RESERVATION"
 NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]  # access is IAM's, via Workload Identity
 KUBERNETES_TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule"}
 # Our label on every node, `dist-ml/pool: <pool name>`: GKE's own (cloud.google.com/gke-nodepool)
@@ -124,6 +132,7 @@ class NodePoolArgs:
     accelerator_type: str | None = None
     accelerator_count: int = 0
     gpu_driver_version: str = GPU_DRIVER_VERSIONS[0]  # with accelerators: the driver GKE installs
+    queued_provisioning: bool = False  # nodes only through ProvisioningRequests (QUEUED_PROVISIONING_CLASS)
 
     @property
     def taints(self) -> list[dict]:
@@ -133,6 +142,20 @@ class NodePoolArgs:
     def gpus(self) -> int:
         """The GPUs of one node, all of which a pod placed on it asks for."""
         return self.accelerator_count if self.accelerator_type else 0
+
+    def autoscaling(self) -> dict:
+        if self.queued_provisioning:
+            return {"total_min_node_count": 0, "total_max_node_count": self.max_nodes,
+                    "location_policy": QUEUED_LOCATION_POLICY}
+        return {"total_min_node_count": self.min_nodes, "total_max_node_count": self.max_nodes}
+
+    def queued(self) -> dict:
+        """The pool's and its nodes' settings for queued provisioning (none without it)."""
+        if not self.queued_provisioning:
+            return {"pool": {}, "node": {}}
+        return {"pool": {"queued_provisioning": {"enabled": True}},
+                "node": {"flex_start": True,
+                         "reservation_affinity": {"consume_reservation_type": NO_RESERVATION}}}
 
     def guest_accelerators(self) -> list[dict]:
         """The node config's accelerators: the GPUs, and the driver GKE installs for them."""
@@ -274,8 +297,9 @@ class GkeCluster(pulumi.ComponentResource):
                 project=args.project,
                 cluster=cluster.name,
                 location=args.location,
-                autoscaling={"total_min_node_count": pool.min_nodes, "total_max_node_count": pool.max_nodes},
-                management={"auto_repair": True, "auto_upgrade": True},
+                autoscaling=pool.autoscaling(),
+                management={"auto_repair": not pool.queued_provisioning, "auto_upgrade": True},
+                **pool.queued()["pool"],
                 network_config={"enable_private_nodes": True},
                 node_config={
                     "machine_type": pool.machine_type,
@@ -290,6 +314,7 @@ class GkeCluster(pulumi.ComponentResource):
                     "taints": pool.taints,
                     "guest_accelerators": pool.guest_accelerators(),
                     "shielded_instance_config": SHIELDED_INSTANCE,
+                    **pool.queued()["node"],
                 },
                 # Nodes without their grants would start unable to pull images or write logs.
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_grants),

@@ -12,6 +12,7 @@ import pulumi_kubernetes as k8s
 
 from common.cluster_names import route_name
 from common.cluster_target import (
+    GPU_RESOURCE,
     PREDICTOR_SERVICE_ACCOUNT,
     TRAINER_SERVICE_ACCOUNT,
     ClusterStorage,
@@ -64,8 +65,10 @@ def define_stack(config: StackConfig) -> dict[str, pulumi.Input]:
     engine = ENGINES[config.pipeline.engine]
     if engine.queued:
         TrainingQueue("training-queue", TrainingQueueArgs(
-            engine=engine, placement=QueuePlacement(placement.pool, placement.node_selector,
-                                                    placement.tolerations, placement.quota),
+            engine=engine, placement=QueuePlacement(
+                placement.pool, placement.node_selector, placement.tolerations, placement.quota,
+                provisioning_class=placement.provisioning_class,
+                provisioned_resources=(GPU_RESOURCE,) if placement.gpus else ()),
             namespace=config.namespace, provider=cluster.provider, depends_on=[*platform.ready, namespace],
             deleted_with=namespace))
     needs = [*platform.ready, *images.ready, *storage.ready, namespace]

@@ -33,6 +33,9 @@ def _definitions(crd_file: Path) -> tuple[dict, ...]:
                      if doc and doc.get("kind") == "CustomResourceDefinition")
 
 
+GO_ANCHORED_FLAGS = "^(?i)"
+
+
 def _as_api_server_checks(node: Any, strict: bool) -> Any:
     """The OpenAPI structural schema rewritten into plain JSON Schema with the API server's meaning."""
     if isinstance(node, list):
@@ -40,6 +43,10 @@ def _as_api_server_checks(node: Any, strict: bool) -> Any:
     if not isinstance(node, dict):
         return node
     schema = {key: _as_api_server_checks(value, strict) for key, value in node.items()}
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and pattern.startswith(GO_ANCHORED_FLAGS):
+        # Go's regexp takes flags after the anchor (Kueue's `^(?i)[a-z]...`); Python's only first.
+        schema["pattern"] = "(?i)^" + pattern.removeprefix(GO_ANCHORED_FLAGS)
     if schema.get("nullable") is True and "type" in schema:
         schema["type"] = [schema["type"], "null"]
     if (strict and schema.get("type") == "object" and "properties" in schema

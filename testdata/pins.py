@@ -87,7 +87,11 @@ CRD_PINS: dict[str, Pin] = {pin.name: pin for pin in (
       for plural, sha256, size in (
           ("resourceflavors", "19e339c47e9ca3fa2c9eeddd27715a512f765c4794ed859733408a9715720173", 20_182),
           ("clusterqueues", "e0a5fc9b370c70f3d993d4f599865817338ecf94187b30b15b12ff33c579bd55", 85_909),
-          ("localqueues", "dd10ef8d3578e7212fa52763549e7b6be0949793a5b924495fcd293330109fed", 34_771))),
+          ("localqueues", "dd10ef8d3578e7212fa52763549e7b6be0949793a5b924495fcd293330109fed", 34_771),
+          # the gke stack's queued GPUs (its provisioning check); copied from Kueue's module at v0.19.2
+          ("admissionchecks", "2bf4003c0a3ea3d6ceab940c7a271ad211372dab59d2739acfa8b2bdb0724acb", 13_746),
+          ("provisioningrequestconfigs", "0399b2689d7468c64a1ef4e3c8bf9603c261a152f822b6698903b23f69e790dc",
+           15_678))),
 )}
 
 # The 600-image sample carried in datasets/fashion-mnist-sample (see its README).

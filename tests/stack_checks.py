@@ -22,6 +22,8 @@ CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve
         "ResourceFlavor": "kueue-v0.19.2/kueue.x-k8s.io_resourceflavors.yaml",
         "ClusterQueue": "kueue-v0.19.2/kueue.x-k8s.io_clusterqueues.yaml",
         "LocalQueue": "kueue-v0.19.2/kueue.x-k8s.io_localqueues.yaml",
+        "AdmissionCheck": "kueue-v0.19.2/kueue.x-k8s.io_admissionchecks.yaml",
+        "ProvisioningRequestConfig": "kueue-v0.19.2/kueue.x-k8s.io_provisioningrequestconfigs.yaml",
         "Gateway": "gateway-api-v1.2.1/gateway.networking.k8s.io_gateways.yaml",
         "HTTPRoute": "gateway-api-v1.2.1/gateway.networking.k8s.io_httproutes.yaml"}
 ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{plural}.yaml"}

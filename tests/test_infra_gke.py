@@ -354,6 +354,42 @@ def gpu_stack() -> render.Rendered:
     return render.render("gke", gke_values(cluster=GPU_STACK))
 
 
+def queued_gpu_stack(**gpu: object) -> render.Rendered:
+    pools = GPU_STACK["nodePools"]
+    return render.render("gke", gke_values(cluster={**GPU_STACK, "nodePools": {
+        **pools, "gpu": {**pools["gpu"], "queuedProvisioning": True, **gpu}}}))
+
+
+def test_queued_gpus_come_through_kueues_provisioning_check_and_gkes_queued_provisioning(
+        validate_crd, gpu_stack):
+    """The pool as GKE's queued provisioning requires it (kubernetes-engine/docs/how-to/
+    provisioningrequest: queued provisioning and flex-start, autoscaling from zero with the ANY
+    location policy, no reservation, no auto-repair); the queue's GPU flavor behind Kueue's
+    provisioning check. Kueue's own code accepts the check and creates the request in the tier
+    (tests/cluster/test_gke_placement.py)."""
+    rendered = queued_gpu_stack()
+    assert validate_all(rendered, validate_crd, "v4", KUBERNETES_MINOR) >= 15
+    pools = {pool.name: pool.inputs for pool in rendered.of_type("gcp:container/nodePool:NodePool")}
+    gpu = pools["cluster-gpu-pool"]
+    assert gpu["queuedProvisioning"] == {"enabled": True}
+    assert gpu["autoscaling"] == {"totalMinNodeCount": 0, "totalMaxNodeCount": 3, "locationPolicy": "ANY"}
+    assert gpu["management"]["autoRepair"] is False
+    assert gpu["nodeConfig"]["flexStart"] is True
+    assert gpu["nodeConfig"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+    assert "queuedProvisioning" not in pools["cluster-cpu-pool"]
+    objects = {o["kind"]: o for o in rendered.objects}
+    config, check = objects["ProvisioningRequestConfig"], objects["AdmissionCheck"]
+    assert config["spec"] == {"provisioningClassName": "queued-provisioning.gke.io",
+                              "managedResources": ["nvidia.com/gpu"]}
+    assert check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+    assert check["spec"]["parameters"]["name"] == config["metadata"]["name"]
+    strategy = objects["ClusterQueue"]["spec"]["admissionChecksStrategy"]
+    assert strategy == {"admissionChecks": [{"name": check["metadata"]["name"],
+                                             "onFlavors": [objects["ResourceFlavor"]["metadata"]["name"]]}]}
+    (on_demand,) = [o for o in gpu_stack.objects if o["kind"] == "ClusterQueue"]
+    assert "admissionChecksStrategy" not in on_demand["spec"]
+
+
 # --- GKE facts no code here can run: settled from GKE's documentation (docs/guides/deploy-gke.md) ----
 
 def test_the_only_firewall_rule_opens_the_webhooks_ports_to_the_control_plane(gke_stack, public_gke_stack):
@@ -661,6 +697,14 @@ BAD_GKE_CONFIG = [
     ({"dist-ml:cluster": {"kind": "gke", "name": "a-cluster-name-of-25-char"}},
      "cluster.name: must be a GKE cluster name: 1-24"),
     ({"dist-ml:cluster": {"kind": "gke", "location": "us-central"}}, "cluster.location: must be a region"),
+    ({"dist-ml:cluster": {**GPU_STACK, "trainingPool": "cpu", "nodePools": {
+        **GPU_STACK["nodePools"], "gpu": {**GPU_STACK["nodePools"]["gpu"], "queuedProvisioning": True}}}},
+     "cluster.nodePools.gpu.queuedProvisioning: needs cluster.trainingPool gpu"),
+    ({"dist-ml:cluster": {**GPU_STACK, "nodePools": {
+        **GPU_STACK["nodePools"], "gpu": {**GPU_STACK["nodePools"]["gpu"], "queuedProvisioning": True}}},
+      "dist-ml:pipeline": {**yaml.safe_load((REPO_ROOT / "Pulumi.gke.yaml").read_text())["config"][
+          "dist-ml:pipeline"], "engine": "tfjob"}, "dist-ml:platform": None},
+     "cluster.nodePools.gpu.queuedProvisioning: needs pipeline.engine trainjob"),
     ({"dist-ml:cluster": {"kind": "gke", "maintenance": {"windowEnd": "2026-01-03T04:00:00Z"}}},
      "cluster.maintenance.windowEnd: must be 4 to 24 hours after windowStart"),
     ({"dist-ml:cluster": {"kind": "gke", "maintenance": {"recurrence": "FREQ=WEEKLY;BYDAY=SU"}}},

@@ -52,6 +52,7 @@ class TrainingPlacement:
     tolerations: tuple[dict, ...] = ()
     node_selector: dict = dataclasses.field(default_factory=dict)
     gpus: int = 0
+    provisioning_class: str | None = None  # nodes through ProvisioningRequests of this class (GPUs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,12 +17,14 @@ from pydantic import AfterValidator, Field, model_validator
 
 from common.cluster_names import GATEWAY_NAME, canary_name, predictor_deployment_name
 from common.cluster_target import GPU_RESOURCE, KUBERNETES_MINOR, PART_OF
+from engines import ENGINES
 from infra.cloud_sql import DATABASE, TrackingDatabase, TrackingDatabaseArgs
 from infra.gateway import GatewayPlacement
 from infra.gcp_apis import GcpApis, GcpApisArgs
 from infra.gcs import GcsStorage, GcsStorageArgs
 from infra.gke import (
     GPU_DRIVER_VERSIONS,
+    QUEUED_PROVISIONING_CLASS,
     GkeCluster,
     GkeClusterArgs,
     MaintenanceWindow,
@@ -169,6 +171,11 @@ class GpuPool(SpotPool):
     accelerator_type: AcceleratorType | None = "nvidia-tesla-t4"
     accelerator_count: AcceleratorCount = 1
     driver_version: DriverVersion = GPU_DRIVER_VERSIONS[0]
+    queued_provisioning: Flag = Field(
+        False, description="nodes only when a training job is admitted, all of its nodes at once, through "
+                           "GKE's queued provisioning (Dynamic Workload Scheduler, flex-start) and Kueue's "
+                           "ProvisioningRequest admission check: for GPUs when capacity is scarce "
+                           "(pipeline.engine trainjob)")
 
 
 class NodePools(Section):
@@ -389,6 +396,19 @@ class GkeStack(StackSettings):
             raise fail(f"must be {PROJECT_RULE}, got {self.gcp_project!r}; {SET_PROJECT}", "gcp:project")
         return self
 
+    @model_validator(mode="after")
+    def _queued_provisioning_is_kueues_on_the_training_pool(self) -> GkeStack:
+        gpu, key = self.cluster.gpu_pool, "cluster.nodePools.gpu.queuedProvisioning"
+        if gpu is None or not gpu.queued_provisioning:
+            return self
+        if self.cluster.training_pool != "gpu":
+            raise fail("needs cluster.trainingPool gpu: the pool has nodes only for the jobs Kueue admits "
+                       "to it", key)
+        if not ENGINES[self.pipeline.engine].queued:
+            raise fail(f"needs pipeline.engine trainjob: Kueue's admission check asks for the nodes "
+                       f"(got {self.pipeline.engine})", key)
+        return self
+
 
 # --- The kind ---------------------------------------------------------------------------------------
 
@@ -401,7 +421,8 @@ def node_pool(pool: NodePoolConfig, spot: bool = False) -> NodePoolArgs:
     if pool.driver_version is not None:
         accelerators["gpu_driver_version"] = pool.driver_version
     return NodePoolArgs(machine_type=pool.machine_type, min_nodes=pool.min_nodes, max_nodes=pool.max_nodes,
-                        spot=spot, **accelerators)
+                        spot=spot, queued_provisioning=getattr(pool, "queued_provisioning", False),
+                        **accelerators)
 
 
 def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
@@ -481,7 +502,9 @@ class GkeKind(ClusterKind):
         pool = self._pools[name]
         return TrainingPlacement(pool=name, quota=self.config.cluster.training_quota_of_pool(),
                                  tolerations=tuple(toleration(taint) for taint in pool.taints),
-                                 node_selector=node_selector(name), gpus=pool.gpus)
+                                 node_selector=node_selector(name), gpus=pool.gpus,
+                                 provisioning_class=QUEUED_PROVISIONING_CLASS if pool.queued_provisioning
+                                 else None)
 
     def gateway(self, cluster: Cluster) -> GatewayPlacement:
         endpoint = self.config.cluster.endpoint

@@ -16,13 +16,16 @@ import pytest
 from tier_helpers import NAMESPACE, delete_all, end, running_pods, train_step, trainjob
 
 from common.cluster_target import GPU_RESOURCE
+from engines.base import condition
 from engines.trainjob import JOBSET_NAME_LABEL, TRAINING_QUEUE, WORKLOAD_JOB_UID_LABEL
-from infra.gke import POOL_LABEL
+from infra.gke import POOL_LABEL, QUEUED_PROVISIONING_CLASS
 from stacks import render
 from tools.control_plane import nodes, stacks
 
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 WORKLOAD_API = "kueue.x-k8s.io/v1beta2"
+ADMISSION_CHECK_API = WORKLOAD_API
+PROVISIONING_REQUEST_API = "autoscaling.x-k8s.io/v1"  # the cluster autoscaler's, which Kueue creates
 PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue's runtime patch labels each pod with its pod set
 WORKERS = 2  # Pulumi.gke.yaml's pipeline.workers
 FAIL_FAST_SECONDS = 60  # a step's end once a controller says the job will never start
@@ -33,8 +36,11 @@ GPU_POOL = {"enabled": True, "machineType": "g2-standard-24", "acceleratorType":
 POOLS = {**json.loads(stacks.stack_values("gke")["dist-ml:cluster"])["nodePools"], "gpu": GPU_POOL}
 
 
-def gke_stack(training_pool: str) -> render.Rendered:
-    return stacks.gke_stack(cluster={"nodePools": POOLS, "trainingPool": training_pool})
+def gke_stack(training_pool: str, queued: bool = False) -> render.Rendered:
+    """The gke stack training on `training_pool`; `queued`: its GPU pool's nodes through GKE's queued
+    provisioning (cluster.nodePools.gpu.queuedProvisioning)."""
+    pools = {**POOLS, "gpu": {**GPU_POOL, "queuedProvisioning": True}} if queued else POOLS
+    return stacks.gke_stack(cluster={"nodePools": pools, "trainingPool": training_pool})
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +60,8 @@ def placed(tier, local_stack_objects, gke_pools) -> Callable[[str], render.Rende
     TrainJob left, and the local stack's placement back."""
     with contextlib.ExitStack() as after:
 
-        def place(training_pool: str) -> render.Rendered:
-            rendered = gke_stack(training_pool)
+        def place(training_pool: str, queued: bool = False) -> render.Rendered:
+            rendered = gke_stack(training_pool, queued)
             after.enter_context(stacks.placement_of(tier.api, rendered, local_stack_objects))
             return rendered
 
@@ -139,3 +145,28 @@ def test_a_flavor_no_pod_of_the_runtime_can_match_fails_the_step_within_a_minute
     assert "Kueue will never admit Workload trainjob-g3-train-cnn-" in step.output, step.output
     assert (f"couldn't assign flavors to pod set node: flavor {flavor['metadata']['name']} doesn't match "
             "node affinity") in step.output
+
+
+def test_a_gpu_job_on_queued_provisioning_waits_on_kueues_check_for_its_nodes_with_no_pod(
+    tier, workflow, placed
+):
+    """GKE's queued provisioning (Dynamic Workload Scheduler): Kueue's own provisioning controller
+    accepts the stack's AdmissionCheck and ProvisioningRequestConfig (Active), reserves the job's quota
+    and asks GKE for all its nodes at once with a ProvisioningRequest of GKE's class. Nothing here
+    provisions them (GKE's autoscaler cannot run here), so the job waits on the check, with no pod, and
+    the step says so."""
+    rendered = placed("gpu", queued=True)
+    (check,) = [o for o in rendered.objects if o["kind"] == "AdmissionCheck"]
+    name = check["metadata"]["name"]
+    active = tier.api.wait(
+        lambda: condition(tier.api.get(ADMISSION_CHECK_API, "AdmissionCheck", name), "Active"),
+        f"AdmissionCheck {name} Active", FAIL_FAST_SECONDS)
+    assert active["reason"] == "Active", active
+    step = train_step(workflow, trainjob(rendered, "g5-queued"))
+    step.says(f"quota reserved by Kueue in {TRAINING_QUEUE}, waiting for its admission check {name}: Pending")
+    (request,) = tier.api.list(PROVISIONING_REQUEST_API, "ProvisioningRequest", NAMESPACE)
+    assert request["spec"]["provisioningClassName"] == QUEUED_PROVISIONING_CLASS, request["spec"]
+    (pod_set,) = request["spec"]["podSets"]
+    assert pod_set["count"] == WORKERS, pod_set
+    assert not tier.api.list("v1", "Pod", NAMESPACE, label_selector=f"{JOBSET_NAME_LABEL}=g5-queued")
+    step.process.kill()

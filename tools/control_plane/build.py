@@ -328,6 +328,9 @@ def build_all(say=print) -> list[Built]:
     add(components.trainer, pins.trainer)
     add(components.jobset, components.jobset_version(Path(built[-1].module_dir)))
     add(components.kueue, pins.kueue)
+    kueue_mod, _ = upstream_go_mod(components.kueue(built[-1].version).served_module, built[-1].version)
+    add(components.autoscaler_apis, {item["Path"]: item["Version"] for item in kueue_mod["Require"]}[
+        components.AUTOSCALER_APIS])
     add(components.argo, pins.argo)
     argo = built[-1]  # its executor and server: from the module of the controller the tier runs
     built += [build_component(make(argo.version), pins.argo, say) for make in (components.argoexec,

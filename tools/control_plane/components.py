@@ -353,6 +353,15 @@ def prometheus_operator(version: str = PROMETHEUS_OPERATOR_VERSION) -> Component
                      "the tier (PROMETHEUS_OPERATOR_VERSION)")
 
 
+AUTOSCALER_APIS = "k8s.io/autoscaler/cluster-autoscaler/apis"
+
+
+def autoscaler_apis(version: str) -> Component:
+    """The cluster autoscaler's API module: its ProvisioningRequest CRD, which Kueue's provisioning
+    admission check needs served when it starts (GKE serves it; kueue cmd/kueue/main.go)."""
+    return Component("autoscaler-apis", AUTOSCALER_APIS, version, (), "Kueue's go.mod")
+
+
 def registry(version: str = REGISTRY_VERSION) -> Component:
     return Component(
         "registry", "github.com/distribution/distribution/v3", version,

@@ -277,9 +277,11 @@ class PulumiStack:
         self.say(str(update))
         return update
 
-    def preview(self, program: Callable[[], None] = stack_program) -> tuple[Update, list[str]]:
-        """`pulumi preview`: its summary, and each resource it would change (type, name, and the
-        properties whose values differ)."""
+    def preview(self, program: Callable[[], None] = stack_program,
+                targets: list[str] | None = None) -> tuple[Update, list[str]]:
+        """`pulumi preview` (of `targets` only, URNs, when given: the engine diffs nothing else): its
+        summary, and each resource it would change (type, name, and the properties whose values
+        differ)."""
         stack, clock = self.stack(program), Clock()
         changed: list[str] = []
 
@@ -293,7 +295,7 @@ class PulumiStack:
                 changed.append(f"{metadata.op.value} {urn.split('::')[-2].rpartition('$')[2]} "
                                f"{urn.rpartition('::')[2]} ({keys}{replaces})")
 
-        result = stack.preview(on_event=noted, color="never", diff=True)
+        result = stack.preview(on_event=noted, color="never", diff=True, target=targets)
         update = clock.update("preview", result.change_summary)
         self.say(str(update))
         return update, changed
@@ -306,7 +308,7 @@ class PulumiStack:
         return update
 
     def resources(self) -> list[dict]:
-        """The state's Kubernetes objects: their resource's name, and apiVersion, kind, name and
+        """The state's Kubernetes objects: their resource's URN and name, and apiVersion, kind, name and
         namespace of each."""
         deployment = self.stack().export_stack().deployment or {}
         found = []
@@ -316,7 +318,7 @@ class PulumiStack:
                 continue  # read, not made (the cluster's Gateway API CRDs)
             if resource.get("custom") and resource["type"].startswith("kubernetes:") and "kind" in outputs:
                 metadata = outputs.get("metadata") or {}
-                found.append({"resource": resource["urn"].rpartition("::")[2],
+                found.append({"urn": resource["urn"], "resource": resource["urn"].rpartition("::")[2],
                               "apiVersion": outputs["apiVersion"], "kind": outputs["kind"],
                               "name": metadata.get("name"), "namespace": metadata.get("namespace")})
         return found

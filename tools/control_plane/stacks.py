@@ -35,7 +35,8 @@ GKE_PROJECT = "dist-ml-tier-4821"
 # What decides where a training pod runs: the objects the tier puts in place of the local stack's to
 # judge another stack's placement, and puts back after. (The workflow's account stays the local
 # stack's: the tier's tokens are bound to it; both stacks declare it from one program.)
-PLACEMENT_KINDS = frozenset({"ResourceFlavor", "ClusterQueue", "LocalQueue", "ClusterTrainingRuntime"})
+PLACEMENT_KINDS = frozenset({"ResourceFlavor", "ProvisioningRequestConfig", "AdmissionCheck", "ClusterQueue",
+                             "LocalQueue", "ClusterTrainingRuntime"})
 SWAP_SECONDS = 60.0
 
 

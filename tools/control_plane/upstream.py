@@ -56,6 +56,7 @@ PORTS = {
 }
 ARGO_HEALTH_PORT = 6060  # fixed in the workflow controller
 KEDA_GRPC_PORT = 9666
+PROVISIONING_REQUEST_CRD = Path("config", "crd", "autoscaling.x-k8s.io_provisioningrequests.yaml")
 
 
 def load_all(text: str) -> list[dict]:
@@ -307,7 +308,11 @@ def kueue(ctx: Context) -> Install:
     # Read even when its metrics server is off (v0.19.2 cmd/kueue/main.go); /etc is the tier's overlay.
     serving_cert_dir(Path("/etc/kueue/metrics/certs"), ctx.pki)
     return Install(
-        crds=conversion_served_by(of_kind(chart, "CustomResourceDefinition"), ports.webhook, ctx.pki.ca_pem),
+        # With the autoscaler's ProvisioningRequest served before Kueue starts, as GKE serves it, Kueue
+        # runs its provisioning admission check controller (the gke stack's queued GPUs).
+        crds=[*conversion_served_by(of_kind(chart, "CustomResourceDefinition"), ports.webhook,
+                                    ctx.pki.ca_pem),
+              *load_all(ctx.module("autoscaler-apis").joinpath(PROVISIONING_REQUEST_CRD).read_text())],
         webhooks=served_by(of_kind(chart, *WEBHOOK_KINDS), ports.webhook, ctx.pki.ca_pem),
         controllers=[
             Controller(
