@@ -223,7 +223,13 @@ class Platform(pulumi.ComponentResource):
         super().__init__("dist-ml:infra:Platform", name, None, opts)
         self._name, self._args = name, args
         installs = platform_installs(args)
-        training = [self._install(install) for install in installs.training]
+        # Each of the engine's installs after the one before: Kueue's TrainJob integration reads
+        # Trainer's runtimes when Kueue starts (kueue v0.19.2 pkg/controller/jobs/trainjob NewReconciler,
+        # through Trainer's runtime core); started before Trainer's and JobSet's CRDs are served, its
+        # webhook refuses every TrainJob with "unsupported runtime" until it restarts.
+        training: list[pulumi.Resource] = []
+        for install in installs.training:
+            training.append(self._install(install, training[-1:]))
 
         argo_namespace = self._namespace("argo", ARGO_NAMESPACE)
         argo = self._install(installs.argo, [argo_namespace])

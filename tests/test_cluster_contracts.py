@@ -495,6 +495,13 @@ def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_se
     assert objects_of(render.render("gke", values), "PodMonitor") == []
 
 
+def test_kueue_is_installed_after_trainers_crds_and_controllers(stack):
+    """Kueue's TrainJob integration reads Trainer's runtimes when Kueue starts; started first, its
+    webhook refused every TrainJob ("unsupported runtime: ClusterTrainingRuntime...") in a tier run
+    where Pulumi happened to start Kueue's pod before Trainer's install was done."""
+    assert "platform-trainer" in closure(stack, "platform-kueue")
+
+
 def test_every_namespaced_object_waits_for_its_namespace(stack):
     creators = {**NAMESPACE_CREATORS, **{r.inputs["metadata"]["name"]: r.name for r in stack.resources
                                          if r.type == "kubernetes:core/v1:Namespace"}}
