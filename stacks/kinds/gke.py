@@ -416,13 +416,12 @@ WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 PROBE_IMAGE = "curlimages/curl:8.11.1"  # a pod in the cluster, hence in its VPC network, that calls the model
 
 
-def node_pool(pool: NodePoolConfig, spot: bool = False) -> NodePoolArgs:
+def node_pool(pool: NodePoolConfig, spot: bool = False, queued: bool = False) -> NodePoolArgs:
     accelerators = {"accelerator_type": pool.accelerator_type, "accelerator_count": pool.accelerator_count}
     if pool.driver_version is not None:
         accelerators["gpu_driver_version"] = pool.driver_version
     return NodePoolArgs(machine_type=pool.machine_type, min_nodes=pool.min_nodes, max_nodes=pool.max_nodes,
-                        spot=spot, queued_provisioning=getattr(pool, "queued_provisioning", False),
-                        **accelerators)
+                        spot=spot, queued_provisioning=queued, **accelerators)
 
 
 def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
@@ -430,7 +429,7 @@ def node_pools(cluster: GkeConfig) -> dict[str, NodePoolArgs]:
     if cluster.spot_pool:
         pools["spot"] = node_pool(cluster.spot_pool, spot=True)
     if cluster.gpu_pool:
-        pools["gpu"] = node_pool(cluster.gpu_pool)
+        pools["gpu"] = node_pool(cluster.gpu_pool, queued=cluster.gpu_pool.queued_provisioning)
     return pools
 
 
