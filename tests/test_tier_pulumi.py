@@ -16,7 +16,7 @@ from cryptography import x509
 from common.installs import ChartInstall, KustomizeInstall
 from tools.control_plane import artifacts, cert_manager
 from tools.control_plane.build import Built
-from tools.control_plane.pulumi_stack import Update, never_starts, no_changes
+from tools.control_plane.pulumi_stack import PulumiStack, Update, never_starts, no_changes
 
 
 def built(name: str, module_dir, version="v1.0.0", pinned="v1.0.0") -> Built:
@@ -120,3 +120,13 @@ def test_a_second_look_that_would_change_anything_fails_naming_it():
     with pytest.raises(AssertionError,
                        match=r"would change 1 resources \(\{'replace': 1\}\): replace Secret s"):
         no_changes(Update("up", {"same": 250, "replace": 1}, 1.0), ["replace Secret s (data)"])
+
+
+def test_the_engine_and_provider_keep_their_files_in_the_tiers_directory_and_reach_nothing_outside(tmp_path):
+    """The provider writes a kubeconfig into the temporary directory at each start and never removes
+    it: TMPDIR is the tier's. No plugin is downloaded and no update checked: a missing plugin fails."""
+    env = PulumiStack(tmp_path, "pulumi", "pulumi-resource-kubernetes", "4.34.2", {}, api=None).env
+    for key in ("PULUMI_HOME", "TMPDIR"):
+        assert env[key].startswith(str(tmp_path)), key
+    assert env["PULUMI_BACKEND_URL"] == f"file://{tmp_path / 'state'}"
+    assert env["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] == env["PULUMI_SKIP_UPDATE_CHECK"] == "true"

@@ -220,6 +220,10 @@ class PulumiStack:
             "PULUMI_K8S_CLIENT_QPS": str(CLIENT_QPS),
             "PULUMI_K8S_CLIENT_BURST": str(CLIENT_BURST),
             "PULUMI_SKIP_CHECKPOINTS": SKIP_CHECKPOINTS,
+            # The provider writes a kubeconfig for Helm into the temporary directory at each start
+            # and never removes it (pulumi-kubernetes provider/pkg/provider/util.go
+            # writeKubeconfigToFile): here, into the tier's directory, not the machine's /tmp.
+            "TMPDIR": str(self.directory / "tmp"),
         }
 
     def command(self) -> auto.PulumiCommand:
@@ -234,7 +238,8 @@ class PulumiStack:
     def stack(self, program: Callable[[], None] = stack_program) -> auto.Stack:
         """The stack, its workspace made the first time: the backend, the provider installed as a
         plugin, the stack file."""
-        (self.directory / "state").mkdir(parents=True, exist_ok=True)
+        for own in ("state", "tmp"):
+            (self.directory / own).mkdir(parents=True, exist_ok=True)
         work = self.directory / "project"
         work.mkdir(exist_ok=True)
         settings = work / f"Pulumi.{STACK}.yaml"
