@@ -164,11 +164,13 @@ class WorkerKiller(threading.Thread):
             self.error = error
 
     def running_pair(self) -> tuple[dict, dict]:
-        while True:
+        deadline = time.monotonic() + WORKFLOW_SECONDS  # the run's own bound: the test fails by then
+        while time.monotonic() < deadline:
             pods = trainer_pods(self.cluster.api, attempt=0)
             if len(pods) == 2 and all(pod["status"].get("phase") == "Running" for pod in pods.values()):
                 return pods[0], pods[1]
             time.sleep(POLL_SECONDS)
+        raise TimeoutError(f"the two trainer pods were not Running together within {WORKFLOW_SECONDS} s")
 
     def kill_after_the_first_epoch(self) -> None:
         worker0, worker1 = self.running_pair()
