@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 
 from common.cluster_target import ClusterStorage, Images
 from infra.gateway import GatewayPlacement
+from infra.storage import PvcStorage, PvcStorageArgs
 from infra.tracking import TrackingBackend
 from stacks.settings import StackConfig, StackSettings
 
@@ -102,3 +103,15 @@ class ClusterKind(abc.ABC):
     def outputs(self, images: ImageSource) -> dict[str, pulumi.Input]:
         """Stack outputs of this kind beyond the ones every stack has."""
         return {}
+
+
+def volume_storage(config: StackConfig, provider: k8s.Provider, namespace: k8s.core.v1.Namespace) -> Storage:
+    """The stack's claim on a cluster's own StorageClass (k3d's, a cluster the user has), deleted with the
+    system's namespace. Any pod in the namespace may mount it: no identity to bind."""
+    section = config.storage
+    storage = PvcStorage("storage", PvcStorageArgs(
+        namespace=config.namespace, size=section.size, access_mode=section.access_mode,
+        storage_class=section.storage_class, provider=provider, depends_on=[namespace],
+        deleted_with=namespace))
+    return Storage(storage=storage.storage, ready=[storage])
+

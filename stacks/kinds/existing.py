@@ -20,10 +20,17 @@ from pydantic import Field, model_validator
 from common.cluster_target import KUBERNETES_MINOR, Images
 from infra.gateway import GatewayPlacement
 from infra.images import BASE_IMAGES, PushedImages, PushedImagesArgs
-from infra.storage import PvcStorage, PvcStorageArgs
 from infra.tracking import VolumeBackend
 from pipeline.validation import Quantity, Section, Text, fail, matching
-from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrackingPlacement, TrainingPlacement
+from stacks.kinds.base import (
+    Cluster,
+    ClusterKind,
+    ImageSource,
+    Storage,
+    TrackingPlacement,
+    TrainingPlacement,
+    volume_storage,
+)
 from stacks.kinds.k3d import ACCESS_MODES, AccessMode, Port
 from stacks.settings import ImageReference, ImagesConfig, Registry, StackSettings, TrainingQuota
 
@@ -134,13 +141,7 @@ class ExistingKind(ClusterKind):
         return ImageSource(images=pushed.images)
 
     def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
-        # Any pod in the namespace may mount the claim: no identity to bind.
-        config = self.config.storage
-        storage = PvcStorage("storage", PvcStorageArgs(
-            namespace=self.config.namespace, size=config.size, access_mode=config.access_mode,
-            storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace],
-            deleted_with=namespace))
-        return Storage(storage=storage.storage, ready=[storage])
+        return volume_storage(self.config, cluster.provider, namespace)
 
     def tracking(self, cluster: Cluster, service_account: str) -> TrackingPlacement:
         return TrackingPlacement(VolumeBackend(storage_class=self.config.storage.storage_class))

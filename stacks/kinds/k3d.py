@@ -22,10 +22,17 @@ from infra.k3d import (
     K3dClusterArgs,
     traefik_gateway_provider,
 )
-from infra.storage import PvcStorage, PvcStorageArgs
 from infra.tracking import VolumeBackend
 from pipeline.validation import DnsLabel, Quantity, Section, Text, WholeNumber, fail, matching
-from stacks.kinds.base import Cluster, ClusterKind, ImageSource, Storage, TrackingPlacement, TrainingPlacement
+from stacks.kinds.base import (
+    Cluster,
+    ClusterKind,
+    ImageSource,
+    Storage,
+    TrackingPlacement,
+    TrainingPlacement,
+    volume_storage,
+)
 from stacks.settings import StackSettings, TrainingQuota
 
 K3S_IMAGE_PATTERN = r"^rancher/k3s:v(?P<major>[0-9]+)\.(?P<minor>[0-9]+)\.[0-9]+-k3s[0-9]+$"
@@ -137,13 +144,7 @@ class K3dKind(ClusterKind):
         return ImageSource(images=images.images, ready=images.imported)
 
     def storage(self, cluster: Cluster, namespace: k8s.core.v1.Namespace, users: tuple[str, ...]) -> Storage:
-        # Any pod in the namespace may mount the claim: no identity to bind.
-        config = self.config.storage
-        storage = PvcStorage("storage", PvcStorageArgs(
-            namespace=self.config.namespace, size=config.size, access_mode=config.access_mode,
-            storage_class=config.storage_class, provider=cluster.provider, depends_on=[namespace],
-            deleted_with=namespace))
-        return Storage(storage=storage.storage, ready=[storage])
+        return volume_storage(self.config, cluster.provider, namespace)
 
     def tracking(self, cluster: Cluster, service_account: str) -> TrackingPlacement:
         # SQLite and artifacts on a volume of the server's own, of the stack's storage class.
