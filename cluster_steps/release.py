@@ -58,6 +58,7 @@ from cluster_steps.kubernetes import (
     pod_failure,
 )
 from common import cli
+from common.cli import NeverSucceeds, step_exit
 from common.cluster_names import (
     GATEWAY_NAME,
     ISVC_LABEL,
@@ -86,6 +87,10 @@ EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the
 
 class RolloutFailed(ClusterStepError):
     """The version did not roll out, or a rollout step cannot go on; the message says why."""
+
+
+class RolloutNeverSucceeds(RolloutFailed, NeverSucceeds):
+    """The version will never roll out, in the cluster's words (its pods, probes or Deployment)."""
 
 
 class RolloutApi(Protocol):
@@ -170,7 +175,7 @@ def observe(deployment: dict | None, pods: Sequence[dict], uri: str) -> Observat
         if names_uri(pod, uri):
             failure = pod_failure(pod)
             if failure:
-                raise RolloutFailed(failure)
+                raise RolloutNeverSucceeds(failure)
     if deployment is None:
         return Observation(False, "the predictor's Deployment does not exist yet")
     metadata, spec, status = deployment["metadata"], deployment["spec"], deployment.get("status") or {}
@@ -181,7 +186,7 @@ def observe(deployment: dict | None, pods: Sequence[dict], uri: str) -> Observat
     for condition in status.get("conditions") or []:
         if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
             message = condition.get("message", "progress deadline exceeded")
-            raise RolloutFailed(f"Deployment {metadata['name']}: {message}")
+            raise RolloutNeverSucceeds(f"Deployment {metadata['name']}: {message}")
     wanted = spec.get("replicas", 1)
     updated, total = status.get("updatedReplicas", 0), status.get("replicas", 0)
     available = status.get("availableReplicas", 0)
@@ -230,14 +235,14 @@ def wait_for(cluster: RolloutApi, namespace: str, name: str, uri: str, timeout_s
         if deployment is None and cluster.get_inference_service(namespace, name) is None:
             # Someone deleted it after the step wrote it: it will never roll out, and creating it again
             # would overrule them.
-            raise RolloutFailed(f"InferenceService {namespace}/{name} was deleted while it rolled out")
+            raise RolloutNeverSucceeds(f"InferenceService {namespace}/{name} was deleted while it rolled out")
         pods = cluster.list_pods(namespace, f"{ISVC_LABEL}={name}")
         state = observe(deployment, pods, uri)
         if state.done:
             return state.reason
         never = probe_never_passes(cluster.list_warnings(namespace), [p for p in pods if names_uri(p, uri)])
         if never:
-            raise RolloutFailed(never)
+            raise RolloutNeverSucceeds(never)
         if state.reason != last:
             say(f"rollout: waiting: {state.reason}")
             last = state.reason
@@ -547,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model_name = args.manifest["metadata"]["name"] if args.command == "deploy" else args.model_name
         track_rollout(cluster, args.namespace, model_name, tracking.Tracking.from_environment("rollout"))
     except (ClusterStepError, ShapeError) as error:
-        raise SystemExit(f"rollout: {args.command}: {error}") from None
+        raise step_exit(f"rollout: {args.command}", error) from None
 
 
 if __name__ == "__main__":

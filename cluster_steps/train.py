@@ -49,9 +49,10 @@ from typing import Any, Callable, Sequence
 
 from cluster_steps.kubernetes import ClusterStepError, Timing, TrainApi, pod_failure
 from common import cli
+from common.cli import step_exit
 from common.cluster_names import MANIFEST_FLAG
 from engines import ENGINES, engine_of_job
-from engines.base import JobApi, TrainingEngine, TrainingFailed, condition, described
+from engines.base import JobApi, TrainingEngine, TrainingFailed, TrainingNeverSucceeds, condition, described
 
 DEFAULT_TIMEOUT_SECONDS = 6 * 3600.0
 DELETION_TIMEOUT_SECONDS = 300.0  # a failed job and its pods gone (foreground), before the retry
@@ -105,17 +106,17 @@ def watch(api: JobApi, engine: TrainingEngine, namespace: str, name: str, timeou
     while True:
         job = api.get_job(engine.job_resource, namespace, name)
         if job is None:
-            raise TrainingFailed(f"{what} was deleted while the step watched it")
+            raise TrainingNeverSucceeds(f"{what} was deleted while the step watched it")
         if found := condition(job, engine.succeeded):
             return f"{what} succeeded ({described(found)})"
         if found := condition(job, "Failed"):
             raise TrainingFailed(f"{what} failed: {described(found)}")
         if refused := engine.refusal(api, namespace, job):
-            raise TrainingFailed(f"{what} cannot start: {refused}")
+            raise TrainingNeverSucceeds(f"{what} cannot start: {refused}")
         pods = api.list_pods(namespace, f"{engine.pod_label}={name}")
         for pod in pods:
             if failure := pod_failure(pod):
-                raise TrainingFailed(f"{what}: {failure}")
+                raise TrainingNeverSucceeds(f"{what}: {failure}")
         now = engine.waiting(api, namespace, job) or engine.progress(job, pods)
         if timing.clock() >= deadline:
             raise TrainingFailed(f"{what}: not finished after {timeout_seconds:g} s ({now})")
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         print(f"train: {run(TrainApi(), args.namespace, args.manifest, args.timeout_seconds, say=log)}")
     except (TrainingFailed, ClusterStepError) as error:  # the job failed, or a call the step could not make
-        raise SystemExit(f"train: {error}") from None
+        raise step_exit("train", error) from None
 
 
 def log(line: str) -> None:

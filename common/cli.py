@@ -9,10 +9,26 @@ import sys
 from typing import Callable, NoReturn, Sequence, TypeVar
 
 Number = TypeVar("Number", int, float)
+# The exit code of a cluster step the cluster told, in its own words, that what it waits for will never
+# happen (NeverSucceeds): the step templates' retryStrategy does not retry it (pipeline/argo.py), since
+# another attempt would meet the same answer, so the step ends within a minute of its start.
+NEVER_SUCCEEDS_EXIT_CODE = 3
 
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
+
+
+class NeverSucceeds(Exception):
+    """Mixed into a step's error when the cluster said what the step waits for will never happen (a
+    pod that cannot start, a probe that cannot pass, a job refused): retrying the step cannot help."""
+
+
+def step_exit(prefix: str, error: Exception) -> SystemExit:
+    """How a cluster step ends on `error`: its one line on stderr, and NEVER_SUCCEEDS_EXIT_CODE when no
+    retry can help."""
+    print(f"{prefix}: {error}", file=sys.stderr, flush=True)
+    return SystemExit(NEVER_SUCCEEDS_EXIT_CODE if isinstance(error, NeverSucceeds) else 1)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -15,6 +15,7 @@ import abc
 import dataclasses
 from typing import ClassVar, Protocol
 
+from common.cli import NeverSucceeds
 from common.cluster_names import DNS_LABEL_LENGTH, CustomResource
 from common.cluster_target import ClusterTarget
 from common.installs import ChartInstall, Install, KustomizeInstall  # noqa: F401 - engines name them here
@@ -82,6 +83,11 @@ class JobApi(Protocol):
 
 class TrainingFailed(RuntimeError):
     """The job failed, or cannot finish by itself; the message says why, in one line."""
+
+
+class TrainingNeverSucceeds(TrainingFailed, NeverSucceeds):
+    """The job will never run to its end, in the cluster's words (refused, never admitted, its pods
+    unable to start): retrying the step cannot help."""
 
 
 def condition(job: dict, kind: str, status: str = "True") -> dict | None:

@@ -32,7 +32,7 @@ from engines.base import (
     MetricsSource,
     QueuePlacement,
     TrainingEngine,
-    TrainingFailed,
+    TrainingNeverSucceeds,
     TrainingSpec,
     condition,
     described,
@@ -586,14 +586,14 @@ class TrainJobEngine(TrainingEngine):
         workload = workloads[0]
         if (workload.get("spec") or {}).get("active") is False:
             evicted = condition(workload, "Evicted") or {}
-            raise TrainingFailed(
+            raise TrainingNeverSucceeds(
                 f"Kueue deactivated Workload {workload['metadata']['name']}: "
                 f"{described(evicted) or 'spec.active is false'}"
             )
         if reserved := condition(workload, "QuotaReserved", status="False"):
             message = reserved.get("message", "")
             if reserved.get("reason") == INADMISSIBLE or any(never in message for never in NEVER_ADMITTED):
-                raise TrainingFailed(
+                raise TrainingNeverSucceeds(
                     f"Kueue will never admit Workload {workload['metadata']['name']} in "
                     f"{workload['spec'].get('queueName')}: {described(reserved)}"
                 )

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from cluster_steps.inference_service import PredictorSpec, Scaling, inference_service
+from common.cli import NEVER_SUCCEEDS_EXIT_CODE
 from common.cluster_names import (
     CLUSTER_STORAGE_ROOT,
     MANIFEST_FLAG,
@@ -87,6 +88,9 @@ VERSION_PARAMETER = "version"
 DECISION_PARAMETER = "decision"
 PUBLISHED_VERSION_FILE = "/tmp/published-version"  # select writes it; Argo reads it as an output
 DEPLOYED_VERSION_FILE = "/tmp/deployed-version"  # serve writes it, for the rollout step
+# A failed step's last log lines become its termination message, which Argo's controller puts in the
+# step's message (`argo get`, the Workflow's status): the step's own words on why it failed.
+STEP_MESSAGE_POLICY = "FallbackToLogsOnError"
 DECISION_FILE = "/tmp/rollout-decision.json"  # the rollout step writes it; Argo keeps it as an output
 ROLLOUT_TIMEOUT_SECONDS = 900  # one InferenceService's rollout
 TRAIN_DEADLINE_MARGIN_SECONDS = 300  # past a train step's own timeout: deleting its job
@@ -115,7 +119,8 @@ def step_container(step: Step, images: Images, env: Mapping[str, str] = {}) -> d
     """The container of a step that runs its own command on the storage volume."""
     container = {"name": MAIN_CONTAINER, "image": step_image(step, images), "imagePullPolicy": "IfNotPresent",
                  "command": list(step.command), "volumeMounts": [storage_mount()],
-                 "resources": step.resources.as_manifest(), "securityContext": container_security_context()}
+                 "resources": step.resources.as_manifest(), "securityContext": container_security_context(),
+                 "terminationMessagePolicy": STEP_MESSAGE_POLICY}
     if env:
         container["env"] = env_list(env)
     return container
@@ -165,7 +170,10 @@ def predictor_spec(config: PipelineConfig, target: ClusterTarget, version: str,
 
 
 def retry_strategy(step: Step) -> dict:
-    return {"limit": str(step.retries), "retryPolicy": "OnFailure"}
+    """Argo retries a failed attempt, but not one the cluster said will never succeed (its exit code
+    says so: common.cli.NeverSucceeds), which would only meet the same answer again."""
+    return {"limit": str(step.retries), "retryPolicy": "OnFailure",
+            "expression": f"asInt(lastRetry.exitCode) != {NEVER_SUCCEEDS_EXIT_CODE}"}
 
 
 def memo_cache_ref(step: Step, argo_version: str) -> dict:
@@ -228,7 +236,8 @@ def cluster_step_container(target: ClusterTarget, module: str, args: list[str],
     container = {"name": MAIN_CONTAINER, "image": target.images.serving, "imagePullPolicy": "IfNotPresent",
                  "command": ["python", "-m", module], "args": args,
                  "resources": {kind: dict(amounts) for kind, amounts in CLUSTER_STEP_RESOURCES.items()},
-                 "securityContext": container_security_context()}
+                 "securityContext": container_security_context(),
+                 "terminationMessagePolicy": STEP_MESSAGE_POLICY}
     if env:
         container["env"] = env_list(env)
     return container

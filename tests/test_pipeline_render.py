@@ -12,6 +12,7 @@ from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, WORKFLOW_NAMESPACE, e
 
 from cluster_steps.inference_service import TF_SERVING_VERSION
 from common import cluster_names
+from common.cli import NEVER_SUCCEEDS_EXIT_CODE
 from common.cluster_target import (
     KUBERNETES_MINOR,
     TRAINER_SERVICE_ACCOUNT,
@@ -32,6 +33,7 @@ ARGO_CRDS = {  # Argo release -> the directory of its full CRDs (testdata/pins.p
 CONFIG = {"pipeline": {"variants": ["cnn", "cnn_batchnorm"], "workers": 3, "epochs": 4}}
 TFJOB_CONFIG = {"pipeline": {**CONFIG["pipeline"], "engine": "tfjob"}}
 TRAINER_CRDS = "trainer-v2.3.0/trainer.kubeflow.org_"
+NOT_NEVER = f"asInt(lastRetry.exitCode) != {NEVER_SUCCEEDS_EXIT_CODE}"  # Argo retries all but NeverSucceeds
 TF_SERVING = {"runtime": "tensorflow", "autoscaling": {"metric": "cpu"}}  # no load metrics: CPU
 
 
@@ -87,7 +89,8 @@ def test_trainjobs_follow_the_config_on_our_runtime_in_kueues_queue():
     template = objects["workflowtemplate.yaml"]
     train = templates(template)["train-cnn-batchnorm"]
     assert train["container"]["command"] == ["python", "-m", cluster_names.TRAIN_STEP_MODULE]
-    assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure"}
+    assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure",
+                                      "expression": NOT_NEVER}
     trainjob = embedded(template, "train-cnn-batchnorm")
     assert trainjob["metadata"]["name"] == f"{WORKFLOW_NAME}-train-cnn-batchnorm"
     assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == TRAINING_QUEUE
@@ -120,7 +123,8 @@ def test_tfjobs_follow_the_config():
     template = argo.workflow_template(config)
     train = templates(template)["train-cnn-batchnorm"]
     assert train["container"]["command"] == ["python", "-m", cluster_names.TRAIN_STEP_MODULE]
-    assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure"}
+    assert train["retryStrategy"] == {"limit": str(config.retries), "retryPolicy": "OnFailure",
+                                      "expression": NOT_NEVER}
     timeout = train["container"]["args"][train["container"]["args"].index("--timeout-seconds") + 1]
     assert int(timeout) == config.train_timeout_seconds < train["activeDeadlineSeconds"]
     tfjob = embedded(template, "train-cnn-batchnorm")

@@ -24,6 +24,7 @@ from cluster_steps import release as rollout
 from cluster_steps.inference_service import SERVING_HTTP_PORT, inference_service
 from common import cluster_names
 from common import tracking_names as names
+from common.cli import NEVER_SUCCEEDS_EXIT_CODE, NeverSucceeds
 from common.cluster_target import ClusterTarget, gcs_storage
 from engines import ENGINES
 from pipeline import argo
@@ -148,11 +149,12 @@ def test_a_predictor_whose_probe_path_does_not_exist_fails_the_step_with_the_kub
     loading = unhealthy(new["metadata"]["name"], missing.replace("404", "503"))
     cluster = FakeCluster([(deployment(NEW_URI, available=0), [new, old])],
                           warnings=[loading, unhealthy(old["metadata"]["name"], missing)])
-    with pytest.raises(rollout.RolloutFailed, match="not rolled out after 60 s"):
+    with pytest.raises(rollout.RolloutFailed, match="not rolled out after 60 s") as waited:
         roll(cluster)
+    assert not isinstance(waited.value, NeverSucceeds)  # a timeout: Argo's retry may see it served
     cluster.warnings.append(unhealthy(new["metadata"]["name"], missing))
     words = f"pod {new['metadata']['name']}: {missing} .*never be Ready"
-    with pytest.raises(rollout.RolloutFailed, match=words):
+    with pytest.raises(rollout.RolloutNeverSucceeds, match=words):
         roll(cluster)
 
 
@@ -175,10 +177,27 @@ def test_a_stale_ready_status_of_the_previous_version_is_not_success():
 def test_a_pod_of_the_new_version_that_cannot_start_fails_the_rollout_with_its_reason(waiting, container):
     cluster = FakeCluster([(deployment(NEW_URI, updated=1, total=3, available=2),
                             [pod(OLD_URI), pod(NEW_URI, waiting, container, "no such object: models/3")])])
-    with pytest.raises(rollout.RolloutFailed) as error:
+    with pytest.raises(rollout.RolloutNeverSucceeds) as error:
         roll(cluster)
     assert str(error.value) == (f"pod fmnist-predictor-3-abc: container {container}: {waiting}: "
                                 "no such object: models/3")
+
+
+def test_a_predictor_that_will_never_serve_ends_the_step_with_the_code_argo_does_not_retry(capsys):
+    """The serve step's exit code when the kubelet said the version will never serve: the step
+    template's retryStrategy expression (pipeline/argo.py) refuses a retry on that code alone."""
+    cluster = FakeCluster([(deployment(NEW_URI, available=0),
+                            [pod(NEW_URI, "ImagePullBackOff", "kserve-container", "not found")])])
+    with mock.patch.object(rollout, "ReleaseApi", lambda: cluster), pytest.raises(SystemExit) as exit_:
+        rollout.main(deploy_args("3", percent=0))
+    assert exit_.value.code == NEVER_SUCCEEDS_EXIT_CODE
+    assert capsys.readouterr().err.strip() == (
+        "rollout: deploy: pod fmnist-predictor-3-abc: container kserve-container: ImagePullBackOff: "
+        "not found")
+    (template,) = [t for t in argo.workflow_template(parse_config({}))["spec"]["templates"]
+                   if t["name"] == "serve"]
+    expression = template["retryStrategy"]["expression"]
+    assert expression == f"asInt(lastRetry.exitCode) != {NEVER_SUCCEEDS_EXIT_CODE}"
 
 
 def test_a_failing_pod_of_the_old_version_is_not_this_rollouts_failure():
@@ -661,7 +680,7 @@ def test_a_create_that_finds_the_object_already_there_replaces_it():
     assert cluster.log == ["create isvc fmnist 1", "route fmnist-predictor=100"]
 
 
-def test_a_write_that_conflicts_every_time_fails_after_a_bounded_number_of_attempts():
+def test_a_write_that_conflicts_every_time_fails_after_a_bounded_number_of_attempts(capsys):
     cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
     touches = []
 
@@ -672,8 +691,10 @@ def test_a_write_that_conflicts_every_time_fails_after_a_bounded_number_of_attem
     cluster.before_writes_to("fmnist", itertools.repeat(touch))
     with mock.patch.object(rollout, "ReleaseApi", lambda: cluster), pytest.raises(SystemExit) as exit_:
         rollout.main(["promote", "--namespace", NAMESPACE, "--model-name", "fmnist"])
-    assert str(exit_.value) == ("rollout: promote: InferenceService dist-ml/fmnist: not written in 5 "
-                                "attempts: another writer changed it between each read and write")
+    assert exit_.value.code == 1  # Argo's retry may find no other writer
+    assert capsys.readouterr().err.strip() == (
+        "rollout: promote: InferenceService dist-ml/fmnist: not written in 5 "
+        "attempts: another writer changed it between each read and write")
     assert len(touches) == 5 and cluster.log == []
     assert cluster.weights() == "fmnist-predictor=90 fmnist-canary-predictor=10"  # as it was
 

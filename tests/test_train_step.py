@@ -288,7 +288,7 @@ def test_a_conflict_a_quota_or_another_jobs_warning_is_not_a_refusal_of_this_one
 ])
 def test_a_workload_kueue_can_never_admit_fails_the_step_with_kueues_reason(reserved):
     cluster = FakeCluster("TrainJob", [queued()], workloads=[[workload(reserved)]])
-    with pytest.raises(train_step.TrainingFailed, match=f"Kueue will never admit Workload .*: "
+    with pytest.raises(train_step.TrainingNeverSucceeds, match=f"Kueue will never admit Workload .*: "
                                                          f"{reserved['reason']}: "):
         run(cluster)
     assert cluster.calls[-1] == "delete"
