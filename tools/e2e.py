@@ -292,13 +292,19 @@ def wait_for_route(run: Run) -> None:
         time.sleep(ROUTE_POLL_SECONDS)
 
 
-def holdout_png(directory: Path) -> Path:
-    """The holdout's first image as `<directory>/0000-<class id>.png`, the name and encoding
-    benchmarks.holdout_accuracy gives it."""
+def holdout_pngs(directory: Path, count: int) -> list[Path]:
+    """The holdout's first `count` images as `<directory>/<index>-<class id>.png`, the names and
+    encoding benchmarks.holdout_accuracy gives them (without its TensorFlow import)."""
     holdout = read_split(HOLDOUT, "test")
-    path = directory / f"0000-{holdout.labels[0]}.png"
-    Image.fromarray(holdout.images[0][..., 0], mode="L").save(path, format="PNG")
-    return path
+    paths = [directory / f"{index:04d}-{label}.png" for index, label in enumerate(holdout.labels[:count])]
+    for path, image in zip(paths, holdout.images, strict=False):
+        Image.fromarray(image[..., 0], mode="L").save(path, format="PNG")
+    return paths
+
+
+def holdout_png(directory: Path) -> Path:
+    """The holdout's first image as `<directory>/0000-<class id>.png`."""
+    return holdout_pngs(directory, 1)[0]
 
 
 def predict(run: Run) -> None:
