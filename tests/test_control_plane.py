@@ -387,6 +387,23 @@ def test_the_real_nodes_runtime_keeps_its_state_in_the_tiers_directory(tmp_path)
     assert addresses[0]["gateway"] == node.BRIDGE_ADDRESS  # the bridge's own address: the plugin keeps it
 
 
+def test_a_pull_from_outside_the_tiers_registry_is_refused_on_the_node_and_named(tmp_path):
+    """containerd sends every registry but the tier's to a closed port of its own, and the node names
+    each reference the kubelet asked for elsewhere, from containerd's log."""
+    from tools.control_plane import node
+
+    hosts = node.registry_hosts(tmp_path / "certs.d", ("10.244.0.1:5000",))
+    assert (hosts / "_default" / "hosts.toml").read_text() == f'server = "http://{node.CLOSED_REGISTRY}"\n'
+    assert "http://10.244.0.1:5000" in (hosts / "10.244.0.1:5000" / "hosts.toml").read_text()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "containerd.log").write_text(
+        'time="t" level=info msg="PullImage \\"10.244.0.1:5000/kueue/kueue:v0.19.2\\""\n'
+        'time="t" level=info msg="PullImage \\"docker.io/dist-ml/serving:never-built\\""\n'
+        'time="t" level=error msg="PullImage \\"docker.io/dist-ml/serving:never-built\\" failed"\n')
+    real = node.RealNode(tmp_path, None, None, "node", {}, None, registries=("10.244.0.1:5000",))
+    assert real.pulls_outside() == ["docker.io/dist-ml/serving:never-built"]
+
+
 def test_the_kubelet_serves_the_stacks_cluster_domain_from_its_own_cgroup_root(tmp_path):
     from common.cluster_names import CLUSTER_DOMAIN
     from tools.control_plane import node, pki

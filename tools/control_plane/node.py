@@ -33,6 +33,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,6 +73,10 @@ KUBE_ROUTER_USER = "system:kube-router"
 KUBE_ROUTER_CHAIN = "KUBE-ROUTER-FORWARD"
 # Debian's containernetworking-plugins install their plugins here.
 CNI_BIN_DIR = "/usr/lib/cni"
+# Where the node's containerd sends a pull from any registry but the tier's: a closed port on its own
+# loopback (the discard port), so that a reference to Docker Hub or elsewhere fails here, refused.
+CLOSED_REGISTRY = "127.0.0.1:9"
+PULL_REQUEST = re.compile(r'msg="PullImage \\"([^"\\]+)\\"')  # containerd's CRI log of each pull asked
 RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ipset")
 RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "ipset")
 CGROUPS = Path("/sys/fs/cgroup")
@@ -133,12 +138,16 @@ def missing_programs() -> list[str]:
 
 def registry_hosts(directory: Path, registries: tuple[str, ...]) -> Path:
     """containerd's registry configuration (config_path: one hosts.toml per registry, as k3s writes its
-    registries.yaml out): each of `registries` reached over plain HTTP."""
+    registries.yaml out): each of `registries` reached over plain HTTP, and every other registry
+    (containerd's `_default`) at a closed port on the node's own loopback, so that no pull leaves the
+    machine."""
     for registry in registries:
         (directory / registry).mkdir(parents=True, exist_ok=True)
         (directory / registry / "hosts.toml").write_text(
             f'server = "http://{registry}"\n\n'
             f'[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n')
+    (directory / "_default").mkdir(parents=True, exist_ok=True)
+    (directory / "_default" / "hosts.toml").write_text(f'server = "http://{CLOSED_REGISTRY}"\n')
     return directory
 
 
@@ -442,6 +451,13 @@ class RealNode:
         if image in self.ctr("images", "list", "--quiet").split():
             self.ctr("images", "remove", image)
 
+    def pulls_outside(self) -> list[str]:
+        """Each image the kubelet asked containerd to pull from a registry other than the tier's, by
+        containerd's own log of the requests."""
+        log = (self.directory / "logs" / "containerd.log").read_text(errors="replace")
+        return sorted({reference for reference in PULL_REQUEST.findall(log)
+                       if reference.partition("/")[0] not in self.registries})
+
     def kill_container(self, container_id: str) -> None:
         """SIGKILL to every process of a running container (a pod status's `containerd://<id>`), as the
         kernel's OOM killer or a crash ends it: the kubelet sees it exit 137."""
@@ -579,6 +595,17 @@ class RealNode:
             f"{versions['kube-router']} (its NetworkPolicy controller, as k3s runs it); images: "
             + ", ".join(image.name for image in self.images.of(node_images.NODE))
         )
+
+    def pods_cpu_seconds(self) -> float:
+        """The CPU time of every pod the node has run (its cgroup root's, cgroup v1's cpuacct or v2's)."""
+        for directory in cgroup_dirs(self.cgroup_root.lstrip("/")):
+            if (directory / "cpuacct.usage").is_file():
+                return int((directory / "cpuacct.usage").read_text()) / 1e9
+            stat = directory / "cpu.stat"
+            usage = dict(line.split() for line in stat.read_text().splitlines()) if stat.is_file() else {}
+            if "usage_usec" in usage:  # cgroup v2's; v1's cpu controller has no usage of its own
+                return int(usage["usage_usec"]) / 1e6
+        return 0.0
 
     def stop(self) -> None:
         """The node's programs, then its pods' processes (containerd's shims outlive it, and the

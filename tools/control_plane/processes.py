@@ -93,6 +93,22 @@ class Program:
             self.process.wait()
 
 
+def cpu_seconds(programs: list[Program]) -> dict[str, float]:
+    """Each running program's CPU time so far, its reaped children's included: where a tier's share of
+    the machine goes (printed when it stops)."""
+    import psutil
+
+    used = {}
+    for program in programs:
+        if program.running():
+            try:
+                times = psutil.Process(program.process.pid).cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            used[program.name] = times.user + times.system + times.children_user + times.children_system
+    return used
+
+
 def stop_all(programs: list[Program]) -> None:
     """Every program told to stop at once; any still running STOP_SECONDS later is killed."""
     for program in programs:

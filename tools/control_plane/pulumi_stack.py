@@ -166,6 +166,7 @@ class Update:
     seconds: float
     slowest: tuple[tuple[int, str], ...] = ()
     cpu_seconds: float = 0.0  # the engine's and its plugins' (the provider's)
+    program_cpu_seconds: float = 0.0  # this process's: the stacks' program, run inline
 
     @property
     def changed(self) -> dict[str, int]:
@@ -175,19 +176,21 @@ class Update:
         counts = ", ".join(f"{count} {op}" for op, count in sorted(self.changes.items()))
         slowest = "; slowest: " + ", ".join(f"{name} {seconds} s" for seconds, name in self.slowest)
         return (f"pulumi {self.kind}: {counts or 'nothing'} in {self.seconds:.0f} s "
-                f"({self.cpu_seconds:.0f} CPU-s)" + (slowest if self.slowest else ""))
+                f"({self.cpu_seconds:.0f} CPU-s, the program {self.program_cpu_seconds:.0f})"
+                + (slowest if self.slowest else ""))
 
 
 class Clock:
-    """An operation's wall time, and the CPU time of the processes it ran (the engine, which waits for
-    its plugins, so theirs is in its own), from this process's ended children."""
+    """An operation's wall time, the CPU time of the processes it ran (the engine, which waits for its
+    plugins, so theirs is in its own), from this process's ended children, and this process's own."""
 
     def __init__(self) -> None:
-        self.started, self.cpu = time.monotonic(), children_cpu()
+        self.started, self.cpu, self.program_cpu = time.monotonic(), children_cpu(), time.process_time()
 
     def update(self, kind: str, changes: dict | None, steps: StepTimes | None = None) -> Update:
         return Update(kind, dict(changes or {}), time.monotonic() - self.started,
-                      tuple(steps.slowest()) if steps else (), children_cpu() - self.cpu)
+                      tuple(steps.slowest()) if steps else (), children_cpu() - self.cpu,
+                      time.process_time() - self.program_cpu)
 
 
 def children_cpu() -> float:

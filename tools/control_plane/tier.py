@@ -22,7 +22,7 @@ from tools.control_plane.build import Built
 from tools.control_plane.cluster import API_SERVER_ADDRESSES, BRIDGE_ADDRESS, Binaries, Kubernetes, kubeconfig
 from tools.control_plane.kube import Api
 from tools.control_plane.node import KUBE_ROUTER_USER, NodeImages, RealNode
-from tools.control_plane.processes import Program, answers, stop_all
+from tools.control_plane.processes import Program, answers, cpu_seconds, stop_all
 
 CONTROLLER_START_SECONDS = 180.0
 TOKEN_SECONDS = 48 * 3600  # the longest a test session runs
@@ -234,6 +234,12 @@ class Tier:
                  f"volumes under {storage})")
 
     def stop(self) -> None:
+        used = cpu_seconds([*self.programs, *(self.kubernetes.programs if self.kubernetes else []),
+                            *(self.real_node.programs if self.real_node else [])])
+        if self.real_node is not None:
+            used["the node's pods"] = self.real_node.pods_cpu_seconds()
+        self.say(f"CPU seconds, {sum(used.values()):.0f} in all: " + ", ".join(
+            f"{name} {seconds:.0f}" for name, seconds in sorted(used.items(), key=lambda item: -item[1])))
         if self.real_node is not None:
             self.real_node.stop()
         stop_all([*self.programs, *(self.kubernetes.programs if self.kubernetes else [])])
