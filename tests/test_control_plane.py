@@ -204,14 +204,15 @@ def test_a_webhook_calls_the_process_with_the_tiers_ca_and_fails_closed():
 def test_no_two_programs_of_the_tier_are_given_one_port():
     """One network namespace holds them all: a program given a port another holds fails to bind it, and
     a readiness check on that port asks the other one."""
-    from tools.control_plane import cluster, node, tier
+    from tools.control_plane import cluster, tier
+    from tools.control_plane.nodes import real
 
     ports = [
         cluster.ETCD_CLIENT_PORT, cluster.ETCD_PEER_PORT, cluster.API_SERVER_PORT,
         cluster.CONTROLLER_MANAGER_PORT, cluster.SCHEDULER_PORT, tier.KWOK_HEALTH_PORT,
-        node.KUBELET_PORT, node.KUBELET_HEALTH_PORT, node.KUBE_PROXY_HEALTH_PORT,
-        node.KUBE_PROXY_METRICS_PORT,
-        node.COREDNS_READY_PORT, node.COREDNS_HEALTH_PORT, node.KUBE_ROUTER_HEALTH_PORT,
+        real.KUBELET_PORT, real.KUBELET_HEALTH_PORT, real.KUBE_PROXY_HEALTH_PORT,
+        real.KUBE_PROXY_METRICS_PORT,
+        real.COREDNS_READY_PORT, real.COREDNS_HEALTH_PORT, real.KUBE_ROUTER_HEALTH_PORT,
         upstream.ARGO_HEALTH_PORT, upstream.KEDA_GRPC_PORT,
         *(port for pair in upstream.PORTS.values() for port in (pair.webhook, pair.health) if port),
     ]
@@ -371,53 +372,54 @@ def test_the_real_nodes_runtime_keeps_its_state_in_the_tiers_directory(tmp_path)
     kubelet is configured."""
     import tomllib
 
-    from tools.control_plane import node
+    from tools.control_plane.nodes import real
 
-    config = tomllib.loads(node.containerd_config(tmp_path, tmp_path / "c.sock", "registry.k8s.io/pause:3"))
+    config = tomllib.loads(real.containerd_config(tmp_path, tmp_path / "c.sock", "registry.k8s.io/pause:3"))
     assert (config["root"], config["state"], config["grpc"]["address"]) == (
         str(tmp_path / "root"), str(tmp_path / "state"), str(tmp_path / "c.sock"))
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == "registry.k8s.io/pause:3"
     assert cri["cni"]["conf_dir"] == str(tmp_path / "cni")
     assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
-    network = node.cni_network(tmp_path)
+    network = real.cni_network(tmp_path)
     bridge = network["plugins"][0]
-    assert bridge["bridge"] == node.BRIDGE and bridge["ipam"]["dataDir"] == str(tmp_path / "ipam")
+    assert bridge["bridge"] == real.BRIDGE and bridge["ipam"]["dataDir"] == str(tmp_path / "ipam")
     (addresses,) = bridge["ipam"]["ranges"][0:1]
-    assert addresses[0]["gateway"] == node.BRIDGE_ADDRESS  # the bridge's own address: the plugin keeps it
+    assert addresses[0]["gateway"] == real.BRIDGE_ADDRESS  # the bridge's own address: the plugin keeps it
 
 
 def test_the_kubelet_serves_the_stacks_cluster_domain_from_its_own_cgroup_root(tmp_path):
     from common.cluster_names import CLUSTER_DOMAIN
-    from tools.control_plane import node, pki
+    from tools.control_plane import pki
+    from tools.control_plane.nodes import real
 
     certificates = pki.make(tmp_path / "pki")
     serving = pki.issue_serving(certificates, tmp_path / "pki", "kubelet", ("10.244.0.1",))
-    config = node.kubelet_config(tmp_path, certificates, serving, tmp_path / "c.sock", "/dist-ml-tier-1")
-    assert config["clusterDomain"] == CLUSTER_DOMAIN and config["clusterDNS"] == [node.DNS_ADDRESS]
+    config = real.kubelet_config(tmp_path, certificates, serving, tmp_path / "c.sock", "/dist-ml-tier-1")
+    assert config["clusterDomain"] == CLUSTER_DOMAIN and config["clusterDNS"] == [real.DNS_ADDRESS]
     assert config["cgroupRoot"] == "/dist-ml-tier-1" and config["cgroupDriver"] == "cgroupfs"
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path / 'c.sock'}"
-    assert f"kubernetes {CLUSTER_DOMAIN} " in node.corefile(tmp_path / "admin.kubeconfig")
+    assert f"kubernetes {CLUSTER_DOMAIN} " in real.corefile(tmp_path / "admin.kubeconfig")
 
 
 def test_the_nodes_cgroup_is_made_in_every_hierarchy_and_removed_with_its_processes(tmp_path):
-    from tools.control_plane import node
+    from tools.control_plane.nodes import real
 
     for controller in ("cpu", "memory"):
         (tmp_path / "v1" / controller).mkdir(parents=True)
         (tmp_path / "v1" / controller / "cgroup.procs").write_text("")
     (tmp_path / "v1" / "cpu,cpuacct").symlink_to(tmp_path / "v1" / "cpu")
-    assert node.cgroup_dirs("tier", tmp_path / "v1") == [tmp_path / "v1" / "cpu" / "tier",
+    assert real.cgroup_dirs("tier", tmp_path / "v1") == [tmp_path / "v1" / "cpu" / "tier",
                                                          tmp_path / "v1" / "memory" / "tier"]
     (tmp_path / "v2").mkdir()
     (tmp_path / "v2" / "cgroup.controllers").write_text("cpu memory")
-    assert node.cgroup_dirs("tier", tmp_path / "v2") == [tmp_path / "v2" / "tier"]
+    assert real.cgroup_dirs("tier", tmp_path / "v2") == [tmp_path / "v2" / "tier"]
     sleeper = subprocess.Popen(["sleep", "60"])
     pod = tmp_path / "v1" / "cpu" / "tier" / "kubepods" / "pod1"
     pod.mkdir(parents=True)
     (pod / "cgroup.procs").write_text(f"{sleeper.pid}\n")
-    node.kill_cgroup_trees([tmp_path / "v1" / "cpu" / "tier"])
+    real.kill_cgroup_trees([tmp_path / "v1" / "cpu" / "tier"])
     assert sleeper.wait(timeout=5) == -9
     # (a real cgroup directory goes with rmdir while it holds only the kernel's files; here they are ours)
 
@@ -432,10 +434,10 @@ def test_coredns_and_the_pause_image_are_the_versions_kubeadm_of_our_kubernetes_
 
 
 def test_the_node_knows_the_machines_root_from_a_user_namespaces(tmp_path):
-    from tools.control_plane import node
+    from tools.control_plane.nodes import real
 
     uid_map = tmp_path / "uid_map"
     uid_map.write_text("         0          0 4294967295\n")
-    assert node.real_root(uid_map)
+    assert real.real_root(uid_map)
     uid_map.write_text("         0       1000          1\n")  # unshare --user --map-root-user
-    assert not node.real_root(uid_map)
+    assert not real.real_root(uid_map)

@@ -1,6 +1,6 @@
-"""The control-plane tier's node images (tools/control_plane/images.py): the names the kubelet asks for,
+"""The control-plane tier's node images (tools/control_plane/nodes/images.py): the names the kubelet asks for,
 the Dockerfiles' replaceable base, the commands the builder runs, and what it says when this machine
-cannot build. The images themselves run in the tier, on its real node (tests/cluster/test_node.py)."""
+cannot build. The images themselves run in the tier, on its real node (tests/e2e_node/test_node.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from conftest import REPO_ROOT
 
 from infra.images import BASE_IMAGES, IMAGE_INPUTS, image_ref
-from tools.control_plane import build, images
+from tools.control_plane import build
+from tools.control_plane.nodes import images
 
 DEFAULT_BASE = "python:3.11-slim"
 
@@ -148,7 +149,7 @@ def test_each_platform_image_is_a_static_program_named_as_the_stacks_config_name
 def test_a_built_image_is_named_with_buildahs_id_of_it_and_said_cached_when_unchanged(monkeypatch):
     said, ids = [], iter(["sha256:old", "sha256:new", "sha256:same", "sha256:same", None, None])
     monkeypatch.setattr(images, "image_id", lambda name: next(ids))
-    assert images.built("x:1", lambda: None, said.append) == images.NodeImage("x:1", "sha256:new")
+    assert images.built("x:1", lambda: None, said.append) == images.BuiltImage("x:1", "sha256:new")
     assert images.built("x:1", lambda: None, said.append).image_id == "sha256:same"
     assert [line.endswith("(cached)") for line in said] == [False, True]
     with pytest.raises(images.BuildError, match="buildah holds no image x:1 after building it"):

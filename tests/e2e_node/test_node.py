@@ -14,7 +14,7 @@ from common import pod_security, tracking_names
 from common.cluster_names import CLUSTER_DOMAIN
 from engines.base import condition
 from infra.images import BASE_IMAGES
-from tools.control_plane.node import NEVER_STARTS
+from tools.control_plane.nodes.real import NEVER_STARTS
 
 NAMESPACE = "real-node"
 RUN_SECONDS = 90.0

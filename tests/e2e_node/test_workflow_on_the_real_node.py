@@ -29,7 +29,7 @@ from serving import client
 from tools import prometheus as prometheus_tool
 from tools.control_plane.build import ROOT
 from tools.control_plane.cluster import BRIDGE_ADDRESS
-from tools.control_plane.node import NEVER_STARTS
+from tools.control_plane.nodes.real import NEVER_STARTS
 from tools.control_plane.processes import answers
 from tools.control_plane.pytest_plugin import unavailable
 from tools.e2e import holdout_png

@@ -19,15 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.control_plane import build, images, node
+from tools.control_plane import build
 from tools.control_plane.cluster import NAMESPACE_ENV
+from tools.control_plane.nodes import images
 
 # Each in a tier of its own: the end-to-end run takes the real node as the cluster's one node, the
 # others keep KWOK's simulated pods. Only the real node runs the images.
 TESTS = {"test": "tests/cluster", "e2e": "tests/e2e_node"}
 NEEDS_IMAGES = {"e2e", "all"}
 PLUGIN = "tools.control_plane.pytest_plugin"
-LOGS = build.ROOT / ".cache" / "control-plane"  # `all`: each tier's output, printed when both end
+LOGS = build.CACHE  # `all`: each tier's output, printed when both end
 
 
 def log_of(name: str) -> Path:
@@ -108,7 +109,7 @@ def write_node_images(base: concurrent.futures.Future, programs: list[build.Buil
     (or PyPI) the node's tests skip, saying why, and the rest of the tier runs; under CI=true it fails
     like a missing Go."""
     try:
-        node.write_images([*base.result(), *images.program_images(programs)])
+        images.write_manifest([*base.result(), *images.program_images(programs)])
     except build.Unavailable as missing:
         if build.in_ci():
             raise
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         # The images' builds wait mostly on PyPI and the disk, the Go builds on the cores: side by side.
-        node.IMAGES_MANIFEST.unlink(missing_ok=True)
+        images.MANIFEST.unlink(missing_ok=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
             base = beside.submit(images.build_images) if argv[0] in NEEDS_IMAGES else None
             built = build.build_all()

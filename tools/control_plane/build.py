@@ -30,6 +30,9 @@ from tools.control_plane.components import ROOT, Component
 
 CACHE = ROOT / ".cache" / "control-plane"
 MANIFEST = CACHE / "components.json"
+# The tier's caches outside the clone, which every clone on the machine shares: the images' build
+# contexts, the real node's image store, the registry's store.
+MACHINE_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-ml"
 WRAPPER_PREFIX = "dist-ml.local/control-plane/"
 GO_TIMEOUT_SECONDS = 3600
 CI_VALUES = {"true", "1", "yes"}

@@ -16,9 +16,10 @@ from typing import Callable
 import pytest
 
 from stacks import render
-from tools.control_plane import build, node, nodes, stacks
+from tools.control_plane import build, stacks
 from tools.control_plane.build import in_ci
-from tools.control_plane.node import RealNode
+from tools.control_plane.nodes import images, kwok
+from tools.control_plane.nodes.real import RealNode
 from tools.control_plane.tier import Tier
 
 WORKFLOW_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's namespace and pipeline.serviceAccountName
@@ -70,11 +71,11 @@ def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured, local_render):
 
 
 def start_real_node(tier: Tier, registries: tuple[str, ...] = ()) -> RealNode:
-    """The tier's real node with the images tools.control_plane.images built, pulling from `registries`
+    """The tier's real node with the images tools.control_plane.nodes.images built, pulling from `registries`
     too; a skip (a failure under CI=true) saying what is missing when it cannot start here."""
-    built = node.read_images()
+    built = images.read_manifest()
     if built is None:
-        unavailable("the node's images are not built: python -m tools.control_plane.images")
+        unavailable("the node's images are not built: python -m tools.control_plane.nodes.images")
     try:
         return tier.start_real_node(built, registries)
     except build.Unavailable as missing:
@@ -89,7 +90,7 @@ def local_stack_objects(tier: Tier, local_render) -> list[dict]:
     rendered, _ = local_render
     objects, _ = stacks.served(tier.api, stacks.in_dependency_order(rendered))
     claims = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]  # the pipeline's, MLflow's
-    tier.api.apply_all(nodes.k3s_local_path(claims, tier.node_name, tier.directory / "storage"))
+    tier.api.apply_all(kwok.k3s_local_path(claims, tier.node_name, tier.directory / "storage"))
     tier.api.apply_all(objects)
     return objects
 

@@ -21,13 +21,14 @@ from pathlib import Path
 import yaml
 
 from common.installs import mirrored, split_tag
-from tools.control_plane import images as node_images
+from tools.control_plane.build import MACHINE_CACHE
 from tools.control_plane.cluster import BRIDGE_ADDRESS
+from tools.control_plane.nodes.images import BUILDAH_ROLE, require
 from tools.control_plane.processes import Program, StartError, answers
 
 PORT = 5000
 ADDRESS = f"{BRIDGE_ADDRESS}:{PORT}"
-STORAGE = node_images.CACHE.parent / "registry"
+STORAGE = MACHINE_CACHE / "registry"
 START_SECONDS = 60.0
 PUSH_SECONDS = 1800.0
 # What buildah pushes (Docker's v2 schema 2, or OCI's): asked for by name, the registry answers its digest.
@@ -86,7 +87,7 @@ class Registry:
         """buildah's image `local` to `remote` in this registry, its layers uncompressed (on the
         bridge, compressing them would cost the cores more than it saves)."""
         done = subprocess.run(
-            [node_images.require("buildah", node_images.BUILDAH_ROLE), "push", "--quiet",
+            [require("buildah", BUILDAH_ROLE), "push", "--quiet",
              "--tls-verify=false", "--disable-compression", local, f"docker://{remote}"],
             capture_output=True, text=True, timeout=PUSH_SECONDS)
         if done.returncode != 0:

@@ -21,7 +21,7 @@ of every image's gigabytes):
   tier's Go build (so built after it: `program_images`), laid out as their upstream Dockerfiles lay
   them out, named as the cluster's config (the stacks' Argo config map, KServe's chart) names them.
 
-    python -m tools.control_plane.images [IMAGE ...]   # all, or those named: trainer, pause, busybox, ...
+    python -m tools.control_plane.nodes.images [IMAGE ...]   # all, or those named: trainer, pause, ...
 
 It runs outside the tier's namespaces: pip needs PyPI in the Dockerfiles' RUN steps (--network host).
 Caches are outside the clone: buildah's storage (its layer cache, --layers) and ~/.cache/dist-ml/images
@@ -41,7 +41,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -56,7 +55,10 @@ from infra.images import BASE_IMAGES, image_ref
 from tools.control_plane import build, components
 from tools.control_plane.build import ROOT, BuildError, Unavailable, in_ci
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-ml" / "images"
+CACHE = build.MACHINE_CACHE / "images"
+# What build_images built for this checkout (beside the Go build's manifest), which the real node loads
+# and the end-to-end tier pushes.
+MANIFEST = build.CACHE / "node-images.json"
 BUILDAH_TIMEOUT_SECONDS = 3600
 BUILDAH_ROLE = "it builds the tier's images"  # said when it is missing
 # Every build: the layer cache, and no working container left behind by a failed one.
@@ -105,7 +107,7 @@ NODE, PROJECT, PLATFORM = "node", "project", "platform"
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeImage:
+class BuiltImage:
     """An image the tier built, as the kubelet asks for it."""
 
     name: str  # fully qualified, as the kubelet asks for it (the project's: as they are named before a push)
@@ -151,7 +153,7 @@ def image_id(name: str) -> str | None:
     return config["FromImageID"] if config else None
 
 
-def built(name: str, build_image, say, role: str = NODE) -> NodeImage:
+def built(name: str, build_image, say, role: str = NODE) -> BuiltImage:
     """Runs `build_image()`, says how long it took and whether it left the image as it was, and returns
     the image with buildah's ID of it."""
     before, started = image_id(name), time.monotonic()
@@ -161,7 +163,7 @@ def built(name: str, build_image, say, role: str = NODE) -> NodeImage:
         raise BuildError(f"buildah holds no image {name} after building it")
     cached = " (cached)" if identity == before else ""
     say(f"images: {name} ready in {time.monotonic() - started:.0f} s{cached}")
-    return NodeImage(name, identity, role)
+    return BuiltImage(name, identity, role)
 
 
 # --- The stand-in base -------------------------------------------------------------------------------
@@ -273,7 +275,7 @@ def pause_source(module_dir: Path, kubernetes_version: str) -> PauseSource:
     cflags = re.search(r"^CFLAGS = (.+)$", text, re.MULTILINE)
     if not tag or not cflags:
         raise BuildError(
-            f"{makefile} no longer sets TAG and CFLAGS as tools/control_plane/images.py reads them")
+            f"{makefile} no longer sets TAG and CFLAGS as tools/control_plane/nodes/images.py reads them")
     flags = cflags.group(1).replace("$(TAG)", tag.group(1)).replace("$(REV)", kubernetes_version)
     return PauseSource(directory, tag.group(1), tuple(flags.split()))
 
@@ -407,7 +409,7 @@ def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
     buildah(*BUILD, "-t", name, "-f", str(context / "Containerfile"), str(context))
 
 
-def program_images(built_programs: list[build.Built], say=print) -> list[NodeImage]:
+def program_images(built_programs: list[build.Built], say=print) -> list[BuiltImage]:
     """The platform's images, from the static programs the tier's Go build made."""
     by_component = {item.name: item for item in built_programs}
     ready = []
@@ -429,7 +431,7 @@ def export_argv(name: str) -> list[str]:
 
 
 def image_names(pause: PauseSource) -> dict[str, str]:
-    """Each image's short name (what `python -m tools.control_plane.images IMAGE` takes) -> its name, in
+    """Each image's short name (what `python -m tools.control_plane.nodes.images IMAGE` takes) -> its name, in
     the order a pod needs them: the sandbox's pause, the volume's helper, then the project's."""
     return {
         "pause": pause_name(pause),
@@ -438,7 +440,7 @@ def image_names(pause: PauseSource) -> dict[str, str]:
     }
 
 
-def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
+def build_images(only: tuple[str, ...] = (), say=print) -> list[BuiltImage]:
     """Builds the node's images (all, or those `only` names), each with the name the kubelet asks for and
     its ID. Raises Unavailable for what this machine lacks, BuildError for a build
     that failed."""
@@ -460,6 +462,37 @@ def build_images(only: tuple[str, ...] = (), say=print) -> list[NodeImage]:
         role = PROJECT if key in BASE_IMAGES else NODE
         ready.append(built(name, makers.get(key) or functools.partial(build_project, key, name), say, role))
     return ready
+
+
+# --- The manifest ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ImageManifest:
+    """The images of the manifest (MANIFEST): what build_images and program_images built."""
+
+    built: list[BuiltImage]
+
+    def of(self, role: str) -> list[BuiltImage]:
+        return [image for image in self.built if image.role == role]
+
+    @property
+    def pause(self) -> str:
+        (name,) = [image.name for image in self.built if image.name.startswith(PAUSE_REPOSITORY + ":")]
+        return name
+
+    @property
+    def helper(self) -> str:
+        return HELPER_IMAGE
+
+
+def write_manifest(built: list[BuiltImage]) -> None:
+    MANIFEST.write_text(json.dumps([dataclasses.asdict(image) for image in built], indent=2))
+
+
+def read_manifest() -> ImageManifest | None:
+    if not MANIFEST.is_file():
+        return None
+    return ImageManifest([BuiltImage(**image) for image in json.loads(MANIFEST.read_text())])
 
 
 def main(argv: list[str]) -> int:

@@ -12,10 +12,9 @@
   passes its rules too).
 
 Everything lives under the tier's directory (containerd's state, the kubelet's, the CNI's address
-leases) but the images: tools/control_plane/images.py builds them in buildah's storage outside the
-clone, and containerd imports them at start, streamed from buildah, under the names the rendered stack
-uses into a root shared by the tiers of this machine one at a time (SHARED_ROOT), so that a warm run
-imports nothing.
+leases) but the images: images.py builds them in buildah's storage outside the clone, and containerd
+imports them at start, streamed from buildah, under the names the rendered stack uses into a root
+shared by the tiers of this machine one at a time (SHARED_ROOT), so that a warm run imports nothing.
 
 The node registers with a client certificate of `system:node:<name>` (the API server's Node authorizer
 and NodeRestriction judge it, as on a kubeadm node); kube-proxy as `system:kube-proxy` (bound by the
@@ -43,9 +42,8 @@ import yaml
 
 from common.cluster_names import CLUSTER_DOMAIN
 from engines.base import condition
-from tools.control_plane import images as node_images
 from tools.control_plane import pki as tier_pki
-from tools.control_plane.build import CACHE, Unavailable
+from tools.control_plane.build import MACHINE_CACHE, Unavailable
 from tools.control_plane.cluster import (
     BRIDGE,
     BRIDGE_ADDRESS,
@@ -55,6 +53,7 @@ from tools.control_plane.cluster import (
     kubeconfig,
 )
 from tools.control_plane.kube import Api
+from tools.control_plane.nodes.images import NODE, ImageManifest, export_argv
 from tools.control_plane.processes import Program, StartError, answers, stop_all
 
 # The real node's pods: addresses of the tier's bridge network (KWOK's are 10.244.1.0/24), the bridge's
@@ -76,7 +75,7 @@ RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ipt
 RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "ipset")
 CGROUPS = Path("/sys/fs/cgroup")
 # containerd's root that tiers share, one at a time, outside the clone beside the images' build cache.
-SHARED_ROOT = node_images.CACHE.parent / "node-containerd"
+SHARED_ROOT = MACHINE_CACHE / "node-containerd"
 CGROUP_REMOVE_SECONDS = 10.0
 START_SECONDS = 120.0
 READY_SECONDS = 120.0
@@ -84,38 +83,6 @@ IMPORT_SECONDS = 600.0
 # The kubelet's reasons for a container that will not start without a change to the pod or the image.
 NEVER_STARTS = {"CreateContainerConfigError", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
                 "InvalidImageName", "CreateContainerError"}
-
-
-# What tools.control_plane.images built for this checkout, which the tier's node loads.
-IMAGES_MANIFEST = CACHE / "node-images.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeImages:
-    built: list[node_images.NodeImage]
-
-    def of(self, role: str) -> list[node_images.NodeImage]:
-        return [image for image in self.built if image.role == role]
-
-    @property
-    def pause(self) -> str:
-        (name,) = [image.name for image in self.built
-                   if image.name.startswith(node_images.PAUSE_REPOSITORY + ":")]
-        return name
-
-    @property
-    def helper(self) -> str:
-        return node_images.HELPER_IMAGE
-
-
-def write_images(built: list[node_images.NodeImage]) -> None:
-    IMAGES_MANIFEST.write_text(json.dumps([dataclasses.asdict(image) for image in built], indent=2))
-
-
-def read_images() -> NodeImages | None:
-    if not IMAGES_MANIFEST.is_file():
-        return None
-    return NodeImages([node_images.NodeImage(**image) for image in json.loads(IMAGES_MANIFEST.read_text())])
 
 
 def real_root(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
@@ -347,7 +314,7 @@ class RealNode:
     pki: tier_pki.Pki
     name: str
     labels: dict[str, str]
-    images: NodeImages  # its own (node_images.NODE) loaded into containerd at start
+    images: ImageManifest  # its own (NODE) loaded into containerd at start
     registries: tuple[str, ...] = ()  # plain-HTTP registries it pulls from (the tier's)
     root: Path | None = None  # containerd's: the shared store, or the tier's own
     _lock: object = None  # the shared store's, while this node holds it
@@ -453,7 +420,7 @@ class RealNode:
         (buildah's ID); the images it no longer names removed, but those a registry gave it."""
         record = self.root / "dist-ml-imported.json"
         imported = json.loads(record.read_text()) if record.is_file() else {}
-        own = [(image.name, image.image_id) for image in self.images.of(node_images.NODE)]
+        own = [(image.name, image.image_id) for image in self.images.of(NODE)]
         for image, built in own:
             if imported.get(image) == built:
                 self.say(f"control-plane: node image {image} (in the store)")
@@ -476,7 +443,7 @@ class RealNode:
         export_log = self.directory / "logs" / "image-export.log"
         export_log.parent.mkdir(parents=True, exist_ok=True)
         with export_log.open("w") as errors:
-            exporter = subprocess.Popen(node_images.export_argv(image), stdout=subprocess.PIPE, stderr=errors)
+            exporter = subprocess.Popen(export_argv(image), stdout=subprocess.PIPE, stderr=errors)
             try:
                 done = subprocess.run(
                     ["ctr", "--address", str(self.socket), "--namespace", "k8s.io",
@@ -577,7 +544,7 @@ class RealNode:
             f"control-plane: node {self.name}: kubelet and kube-proxy {versions['kubelet']}, "
             f"{runtime_versions()}, CoreDNS {versions['coredns']} ({CLUSTER_DOMAIN}), kube-router "
             f"{versions['kube-router']} (its NetworkPolicy controller, as k3s runs it); images: "
-            + ", ".join(image.name for image in self.images.of(node_images.NODE))
+            + ", ".join(image.name for image in self.images.of(NODE))
         )
 
     def stop(self) -> None:
