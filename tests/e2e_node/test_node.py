@@ -13,7 +13,7 @@ from e2e_stack import project_reference
 from common import pod_security, tracking_names
 from common.cluster_names import CLUSTER_DOMAIN
 from engines.base import condition
-from infra.images import BASE_IMAGES
+from tools.control_plane.nodes.images import PROJECT, images_of
 from tools.control_plane.nodes.real import NEVER_STARTS
 
 NAMESPACE = "real-node"
@@ -153,14 +153,14 @@ def project_pod(real_node, name: str, image: str, *command: str, namespace: str 
     return pod
 
 
-@pytest.mark.parametrize("image", BASE_IMAGES)
+@pytest.mark.parametrize("image", images_of(PROJECT), ids=lambda image: image.key)
 def test_each_project_image_runs_as_its_own_user_under_the_restricted_context(tier, on_node, image):
     """Built from its Dockerfile on the stand-in base: the kubelet starts it under runAsNonRoot (so its
-    USER is not root), as uid 1000, on Python 3.11 with its own lock installed."""
-    module = {"trainer": "trainer.train", "serving": "serving.server", "tracking-server": "mlflow"}[image]
-    probe = f"import os, sys, {module}; print(os.getuid(), sys.version_info[:2])"
-    name = f"image-{image}"
-    tier.api.create(project_pod(on_node, name, image, "python", "-c", probe))
+    USER is not root), as uid 1000, on Python 3.11 with its own lock installed (its entry point's module
+    imports)."""
+    probe = f"import os, sys, {image.entry_module}; print(os.getuid(), sys.version_info[:2])"
+    name = f"image-{image.key}"
+    tier.api.create(project_pod(on_node, name, image.key, "python", "-c", probe))
     ended = finished(tier, name)
     assert (ended["exitCode"], logs(tier, name).split("\n")[-2]) == (0, "1000 (3, 11)"), logs(tier, name)
 
