@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO_ROOT
 
 from common.cluster_target import K3S_IMAGE, KUBERNETES_MINOR
@@ -199,6 +200,29 @@ def test_a_webhook_calls_the_process_with_the_tiers_ca_and_fails_closed():
     assert webhook["failurePolicy"] == "Fail"
     assert "annotations" not in routed["metadata"]
     assert configuration["webhooks"][0]["failurePolicy"] == "Ignore"  # upstream's, untouched
+
+
+def test_a_managers_config_is_upstreams_with_what_a_pod_would_give_the_process_instead(tmp_path):
+    """Its ports on 127.0.0.1, metrics off, its own certificate rotation off, its lease in the namespace
+    named; upstream's other settings kept, and those given over them."""
+    ctx = upstream.Context({}, str, None, tmp_path, tmp_path / "admin.kubeconfig", {})
+    theirs = {"webhook": {"port": 9443}, "leaderElection": {"leaderElect": True},
+              "controller": {"groupKindConcurrency": {"Job.batch": 5}}}
+    path = upstream.manager_config(ctx, "kueue", theirs, "kueue-system", "internalCertManagement",
+                                   tmp_path / "certs", namespace="kueue-system")
+    ports = upstream.PORTS["kueue"]
+    assert yaml.safe_load(path.read_text()) == {
+        "webhook": {"host": "127.0.0.1", "port": ports.webhook, "certDir": str(tmp_path / "certs")},
+        "leaderElection": {"leaderElect": True, "resourceNamespace": "kueue-system"},
+        "controller": {"groupKindConcurrency": {"Job.batch": 5}},
+        "internalCertManagement": {"enable": False},
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
+        "namespace": "kueue-system",
+    }
+    # Without a certificate directory, the webhook server reads controller-runtime's default one.
+    path = upstream.manager_config(ctx, "trainer", {}, "kubeflow-system", "certManagement")
+    assert "certDir" not in yaml.safe_load(path.read_text())["webhook"]
 
 
 def test_no_two_programs_of_the_tier_are_given_one_port():
