@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+from stack_checks import STACK_NAMESPACE as NAMESPACE  # where the tier's tests work: the local stack's
 from stack_checks import embedded, template_of
 
 from engines.trainjob import JOBSET_NAME_LABEL
@@ -21,7 +22,6 @@ from tools.control_plane.build import ROOT
 from tools.control_plane.kube import Api
 from tools.control_plane.nodes.kwok import EXIT_CODE_ANNOTATION
 
-NAMESPACE = "dist-ml"  # Pulumi.local.yaml's
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 POD_WAIT_SECONDS = 90.0
 STEP_TIMEOUT_SECONDS = 300

@@ -41,7 +41,7 @@ from stacks.installs import installed_artifacts
 from stacks.settings import StackConfig
 from testdata import fixtures
 from testdata.pins import CRD_PINS
-from tools.control_plane import artifacts, build, cert_manager, components
+from tools.control_plane import artifacts, build, cert_manager, components, stacks
 from tools.control_plane.build import ROOT
 from tools.control_plane.cluster import BRIDGE_ADDRESS
 from tools.control_plane.nodes.images import NODE, BuiltImage
@@ -110,7 +110,8 @@ def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured):
     are the pods `pulumi up` installs)."""
     if not build.MANIFEST.is_file():
         unavailable("the tier's programs are not built: python -m tools.control_plane.build")
-    started = Tier(tmp_path_factory.mktemp("control-plane"), build.read_manifest(), say=uncaptured)
+    started = Tier(tmp_path_factory.mktemp("control-plane"), build.read_manifest(),
+                   stacks.local_config().cluster.name, say=uncaptured)
     try:
         started.start_kubernetes()
         started.announce()

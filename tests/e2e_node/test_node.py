@@ -8,6 +8,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from e2e_stack import NAMESPACE as PIPELINE_NAMESPACE  # the one the tracking server's NetworkPolicy admits
 from e2e_stack import project_reference
 
 from common import pod_security, tracking_names
@@ -165,7 +166,6 @@ def test_each_project_image_runs_as_its_own_user_under_the_restricted_context(ti
     assert (ended["exitCode"], logs(tier, name).split("\n")[-2]) == (0, "1000 (3, 11)"), logs(tier, name)
 
 
-PIPELINE_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's: the one the tracking server's NetworkPolicy admits
 TRACKING_READY_SECONDS = 300.0  # its init container migrates a new database first
 # A pod's request for the tracking server's health at the URL of its second argument, tried each second
 # for as many seconds as its first says: a new pod's address reaches the policy's rules a moment after

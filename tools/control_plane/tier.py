@@ -61,11 +61,11 @@ def service_account_token(api: Api, namespace: str, account: str) -> str:
 class Tier:
     directory: Path
     built: list[Built]
+    cluster_name: str  # the local stack's k3d cluster, whose nodes the tier plays (named as k3d names them)
     say: Callable[[str], None] = print
     kubernetes: Kubernetes | None = None
     api: Api | None = None
     programs: list[Program] = dataclasses.field(default_factory=list)
-    cluster_name: str = "dist-ml"  # the local stack's k3d cluster, whose node the tier simulates
     real_node: RealNode | None = None
     simulated: bool = False  # KWOK runs the k3d cluster's simulated node
 

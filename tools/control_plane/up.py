@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tools.control_plane.build import read_manifest
-from tools.control_plane.stacks import local_stack
+from tools.control_plane.stacks import local_config, local_stack
 from tools.control_plane.tier import Tier
 
 
@@ -23,8 +23,8 @@ def interrupt(_signum: int, _frame: object) -> NoReturn:
 
 def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="control-plane-"))
-    rendered, cluster_name = local_stack()
-    tier = Tier(directory, read_manifest(), cluster_name=cluster_name)
+    rendered = local_stack()
+    tier = Tier(directory, read_manifest(), local_config().cluster.name)
     signal.signal(signal.SIGTERM, interrupt)
     try:
         tier.start(rendered)
