@@ -465,3 +465,43 @@ def test_the_node_knows_the_machines_root_from_a_user_namespaces(tmp_path):
     assert real.real_root(uid_map)
     uid_map.write_text("         0       1000          1\n")  # unshare --user --map-root-user
     assert not real.real_root(uid_map)
+
+
+def test_the_disk_a_directory_takes_counts_a_hard_linked_file_once(tmp_path):
+    (tmp_path / "a").write_bytes(b"x" * 100_000)
+    os.link(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "c").symlink_to(tmp_path / "a")
+    counted = build.disk_bytes(tmp_path)
+    assert 100_000 <= counted < 200_000
+    assert build.shown_bytes(2_345_000_000) == "2.3 GB" and build.shown_bytes(12_400_000) == "12 MB"
+
+
+def test_the_real_nodes_store_loses_every_name_of_each_image_the_run_does_not_use():
+    """An image the run uses keeps all its names (the CRI plugin's digest and ID names with its tag);
+    one it does not use loses them all, so that containerd's collector drops its content."""
+    from tools.control_plane.nodes import real
+
+    serving = "10.244.0.1:5000/dist-ml/serving"
+    images = [(f"{serving}:new", "sha256:n"), (f"{serving}@sha256:n", "sha256:n"), ("sha256:c0", "sha256:n"),
+              (f"{serving}:old", "sha256:o"), ("sha256:c1", "sha256:o"),
+              ("registry.k8s.io/pause:3.9", "sha256:p")]
+    kind = "application/vnd.docker.distribution.manifest.v2+json"
+    listing = "REF  TYPE  DIGEST  SIZE  PLATFORMS  LABELS\n" + "".join(
+        f"{name}  {kind}  {digest}  2.8 GiB  linux/amd64  io.cri-containerd.image=managed\n"
+        for name, digest in images)
+    listed = real.listed_in_store(listing)
+    assert listed == images
+    used = {f"{serving}:new", "registry.k8s.io/pause:3.10.1"}
+    assert real.stale_in_store(listed, used) == [f"{serving}:old", "sha256:c1", "registry.k8s.io/pause:3.9"]
+
+
+def test_the_real_node_uses_its_own_images_and_the_registrys_names_of_the_others(tmp_path):
+    from tools.control_plane.nodes import images, real
+
+    manifest = images.ImageManifest([
+        images.BuiltImage("pause", "registry.k8s.io/pause:3.10.1", "a", images.NODE),
+        images.BuiltImage("serving", "docker.io/dist-ml/serving:1", "b", images.PROJECT),
+        images.BuiltImage("kueue", "registry.k8s.io/kueue/kueue:v0.19.2", "c", images.PLATFORM)])
+    node = real.RealNode(tmp_path, None, None, "n", {}, manifest, registries=("10.244.0.1:5000",))
+    assert node.used_names() == {"registry.k8s.io/pause:3.10.1", "10.244.0.1:5000/dist-ml/serving:1",
+                                 "10.244.0.1:5000/kueue/kueue:v0.19.2"}

@@ -175,3 +175,36 @@ def test_the_manifest_names_the_node_its_pause_and_helper_by_their_rows(monkeypa
     assert manifest.built == written
     assert (manifest.pause, manifest.helper) == ("registry.k8s.io/pause:3.10.1", images.HELPER_IMAGE)
     assert [image.key for image in manifest.of(images.NODE)] == ["pause", "busybox"]
+
+
+def test_a_prune_removes_what_no_checkout_uses_and_keeps_a_running_builds_images():
+    """Old tags of the tier's repositories, and images that lost their name to a newer build, go; the
+    names in use, other repositories' images, and anything built within a build's longest time stay."""
+    now, old = 1_000_000_000, 1_000_000_000 - images.BUILDAH_TIMEOUT_SECONDS - 1
+    in_use = {"docker.io/dist-ml/serving:new", "registry.k8s.io/pause:3.10.1", images.STANDIN}
+    stored = [
+        images.StoredImage("a1", ("docker.io/dist-ml/serving:new",), old),
+        images.StoredImage("a2", ("docker.io/dist-ml/serving:old",), old),
+        images.StoredImage("a3", ("docker.io/dist-ml/serving:building",), now - 60),  # a running build's
+        images.StoredImage("b1", ("registry.k8s.io/pause:3.9", "registry.k8s.io/pause:3.10.1"), old),
+        images.StoredImage("c1", (), old),  # its name went to a newer build
+        images.StoredImage("c2", (), now - 60),  # a running build's last step, no child yet
+        images.StoredImage("d1", ("docker.io/library/postgres:16",), old),  # not the tier's
+        images.StoredImage("e1", (images.STANDIN,), old),
+    ]
+    assert images.stale(stored, in_use, now) == ["docker.io/dist-ml/serving:old", "registry.k8s.io/pause:3.9",
+                                                  "c1"]
+
+
+def test_the_names_in_use_are_every_checkouts_on_the_machine_and_a_gone_checkouts_go(monkeypatch, tmp_path):
+    monkeypatch.setattr(images, "IN_USE", tmp_path / "in-use")
+    here, there, gone = tmp_path / "here", tmp_path / "there", tmp_path / "gone"
+    here.mkdir()
+    there.mkdir()
+    images.write_in_use(["docker.io/dist-ml/serving:a"], checkout=here)
+    images.write_in_use(["docker.io/dist-ml/serving:b"], checkout=there)
+    images.write_in_use(["docker.io/dist-ml/serving:c"], checkout=gone)
+    images.write_in_use(["docker.io/dist-ml/serving:a2"], checkout=here)  # its last run's, not every run's
+    assert images.names_in_use() == {"docker.io/dist-ml/serving:a2", "docker.io/dist-ml/serving:b",
+                                     images.STANDIN}
+    assert not images.in_use_record(gone).exists()

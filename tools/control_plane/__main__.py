@@ -105,11 +105,14 @@ def unavailable(missing: build.Unavailable) -> int:
 
 def write_node_images(base: concurrent.futures.Future, programs: list[build.Built]) -> None:
     """The real node's images' manifest, once they are all built: those built beside the Go build
-    (`base`), then Argo's executor and KServe's agent from its `programs`. Without buildah and its kin
-    (or PyPI) the node's tests skip, saying why, and the rest of the tier runs; under CI=true it fails
-    like a missing Go."""
+    (`base`), then the platform's from its `programs`; then buildah's storage pruned of what no
+    checkout uses any more. Without buildah and its kin (or PyPI) the node's tests skip, saying why, and
+    the rest of the tier runs; under CI=true it fails like a missing Go."""
     try:
-        images.write_manifest([*base.result(), *images.program_images(programs)])
+        built = [*base.result(), *images.program_images(programs)]
+        images.write_manifest(built)
+        images.write_in_use([image.name for image in built])
+        images.prune()
     except build.Unavailable as missing:
         if build.in_ci():
             raise

@@ -108,6 +108,25 @@ def last_lines(text: str, count: int = 6) -> str:
     return " | ".join(text.splitlines()[-count:])
 
 
+def disk_bytes(path: Path) -> int:
+    """What `path` takes on the disk, as `du -s` counts it: its files' blocks, each inode once."""
+    seen, total = set(), 0
+    for directory, _, files in os.walk(path):
+        for name in [".", *files]:
+            try:
+                found = os.lstat(os.path.join(directory, name))
+            except FileNotFoundError:  # gone while this walks
+                continue
+            if (found.st_dev, found.st_ino) not in seen:
+                seen.add((found.st_dev, found.st_ino))
+                total += found.st_blocks * 512
+    return total
+
+
+def shown_bytes(count: int) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
+
+
 def download(module: str, version: str) -> dict:
     """The module's source in the module cache (go mod download -json): Dir, GoMod, Version. A module
     the checksum database lacks must have the hash components.RECORDED_SUMS holds for it."""

@@ -432,7 +432,10 @@ def build_program_image(image: ProgramImage, name: str, binary: Path) -> None:
     shutil.copy2(binary, target)
     (context / "Containerfile").write_text(PROGRAM_CONTAINERFILE.format(
         directory=Path(image.path).parent, user=image.user, path=image.path))
-    buildah(*BUILD, "-t", name, "-f", str(context / "Containerfile"), str(context))
+    try:
+        buildah(*BUILD, "-t", name, "-f", str(context / "Containerfile"), str(context))
+    finally:
+        shutil.rmtree(context)  # the image holds it; the next build copies the program again
 
 
 # --- The table: every image of the tier's ---------------------------------------------------------------
@@ -571,6 +574,91 @@ def read_manifest() -> ImageManifest | None:
     if not MANIFEST.is_file():
         return None
     return ImageManifest([BuiltImage(**image) for image in json.loads(MANIFEST.read_text())])
+
+
+# --- Pruning: buildah's storage keeps only what some checkout's last run named ----------------------------
+
+# Each checkout's names of its last complete run (write_in_use), one file per checkout on the machine,
+# which a prune from any checkout keeps.
+IN_USE = CACHE / "in-use"
+
+
+def in_use_record(checkout: Path) -> Path:
+    return IN_USE / f"{hashlib.sha256(str(checkout).encode()).hexdigest()[:16]}.json"
+
+
+def write_in_use(names: list[str], checkout: Path = ROOT) -> None:
+    IN_USE.mkdir(parents=True, exist_ok=True)
+    in_use_record(checkout).write_text(json.dumps({"checkout": str(checkout), "images": names}, indent=2))
+
+
+def names_in_use() -> set[str]:
+    """The names some checkout on the machine uses (a checkout gone, its record goes too), and the
+    stand-in the project's images build on."""
+    names = {STANDIN}
+    for record in sorted(IN_USE.glob("*.json")) if IN_USE.is_dir() else []:
+        kept = json.loads(record.read_text())
+        if Path(kept["checkout"]).is_dir():
+            names.update(kept["images"])
+        else:
+            record.unlink()
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredImage:
+    """An image in buildah's storage, as `buildah images --json` lists it (intermediate images, the
+    layer cache of the tagged ones, are not listed)."""
+
+    id: str
+    names: tuple[str, ...]
+    created: int  # seconds since the epoch
+
+
+def stored_images() -> list[StoredImage]:
+    return [StoredImage(image["id"], tuple(image.get("names") or ()), image["created"])
+            for image in json.loads(buildah("images", "--json") or "[]")]
+
+
+def stale(stored: list[StoredImage], in_use: set[str], now: float) -> list[str]:
+    """What a prune removes (by name, or by ID when it has none): each name of the tier's repositories
+    (those of `in_use`) that is not in use, and each image without a name (an image whose name went to
+    a newer build). An image built less than a build's longest time ago is kept whatever it is named: it
+    may be a running build's, not yet in its checkout's record."""
+    repositories = {split_tag(name)[0] for name in in_use}
+    removed = []
+    for image in stored:
+        if now - image.created < BUILDAH_TIMEOUT_SECONDS:
+            continue
+        if not image.names:
+            removed.append(image.id)
+        removed += [name for name in image.names if split_tag(name)[0] in repositories and name not in in_use]
+    return removed
+
+
+def storage_root() -> Path:
+    return Path(json.loads(buildah("info"))["store"]["GraphRoot"])
+
+
+def prune(say: Callable[[str], None] = print) -> None:
+    """Removes from buildah's storage what no checkout uses (stale), each image with the layers only it
+    held (`buildah rmi` takes its untagged parents too); says what went and the bytes freed."""
+    candidates = stale(stored_images(), names_in_use(), time.time())
+    if not candidates:
+        say("images: pruned nothing: buildah's storage holds only images a checkout uses")
+        return
+    before = build.disk_bytes(storage_root())
+    kept = {}  # one at a time: one that will not go (a container of it, say) keeps no other
+    for image in candidates:
+        done = subprocess.run([require("buildah", BUILDAH_ROLE), "rmi", image], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            kept[image] = done.stderr.strip()
+    freed = before - build.disk_bytes(storage_root())
+    removed = [image for image in candidates if image not in kept]
+    said = "".join(f"; kept {image}: {reason}" for image, reason in kept.items())
+    say(f"images: pruned {len(removed)} images no checkout uses from buildah's storage, "
+        f"{build.shown_bytes(freed)} freed: {', '.join(removed)}{said}")
 
 
 def main(argv: list[str]) -> int:

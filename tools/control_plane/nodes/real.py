@@ -41,9 +41,10 @@ from pathlib import Path
 import yaml
 
 from common.cluster_names import CLUSTER_DOMAIN
+from common.installs import mirrored
 from engines.base import condition
 from tools.control_plane import pki as tier_pki
-from tools.control_plane.build import MACHINE_CACHE, Unavailable
+from tools.control_plane.build import MACHINE_CACHE, Unavailable, disk_bytes, shown_bytes
 from tools.control_plane.cluster import (
     BRIDGE,
     BRIDGE_ADDRESS,
@@ -417,7 +418,7 @@ class RealNode:
 
     def _import_images(self) -> None:
         """Each of the node's own images imported, but one the store already holds from the same build
-        (buildah's ID); the images it no longer names removed, but those a registry gave it."""
+        (buildah's ID); then every image the run does not use removed (_prune_store)."""
         record = self.root / "dist-ml-imported.json"
         imported = json.loads(record.read_text()) if record.is_file() else {}
         own = [(image.name, image.image_id) for image in self.images.of(NODE)]
@@ -430,13 +431,28 @@ class RealNode:
             imported[image] = built
             record.write_text(json.dumps(imported, indent=2))
             self.say(f"control-plane: node image {image} loaded in {time.monotonic() - started:.0f} s")
-        current = {image for image, _ in own}
-        pulled = tuple(f"{registry}/" for registry in self.registries)
-        for stale in set(self.ctr("images", "list", "--quiet").split()) - current:
-            # The store's own digests go with their names; what a registry gave stays for the next pull.
-            if not stale.startswith(("sha256:", *pulled)):
-                self.ctr("images", "remove", stale)
-        record.write_text(json.dumps({image: imported.get(image) for image in current}, indent=2))
+        self._prune_store()
+        record.write_text(json.dumps({image: imported.get(image) for image, _ in own}, indent=2))
+
+    def used_names(self) -> set[str]:
+        """The images of the run, as the node's store names them: its own, and those it pulls from the
+        tier's registries (the project's and the platform's, where the stack's config and its image
+        mirror name them)."""
+        pulled = {mirrored(image.name, registry) for image in self.images.built if image.role != NODE
+                  for registry in self.registries}
+        return {image.name for image in self.images.of(NODE)} | pulled
+
+    def _prune_store(self) -> None:
+        """Every image of the store the run does not use removed, each by all its names, and its content
+        with it (`--sync`: containerd's garbage collector drops what no image refers to before this
+        returns); says what went and the bytes freed."""
+        removed = stale_in_store(listed_in_store(self.ctr("images", "list")), self.used_names())
+        if not removed:
+            return
+        before = disk_bytes(self.root)
+        self.ctr("images", "delete", "--sync", *removed)
+        self.say(f"control-plane: the node's store: removed {len(removed)} image names the run does not use, "
+                 f"{shown_bytes(before - disk_bytes(self.root))} freed: {', '.join(sorted(removed))}")
 
     def _import_from_buildah(self, image: str) -> None:
         """buildah's docker-archive of `image` piped into `ctr images import -`."""
@@ -563,6 +579,20 @@ class RealNode:
         stop_all(runtime)
         if self._lock is not None:
             self._lock.close()
+
+
+def listed_in_store(listing: str) -> list[tuple[str, str]]:
+    """(name, target digest) of each image in `ctr images list`'s table (REF TYPE DIGEST SIZE ...)."""
+    rows = [line.split() for line in listing.splitlines()[1:]]
+    return [(row[0], row[2]) for row in rows if len(row) >= 3]
+
+
+def stale_in_store(listed: list[tuple[str, str]], used: set[str]) -> list[str]:
+    """The names to remove from the node's store: every name of each image (its target) none of whose
+    names the run uses: its tag, and the digest and ID names the CRI plugin gave it, so that nothing
+    refers to its content any more."""
+    used_targets = {digest for name, digest in listed if name in used}
+    return [name for name, digest in listed if digest not in used_targets]
 
 
 def filter_chain_exists(chain: str) -> bool:
