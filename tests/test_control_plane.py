@@ -362,6 +362,7 @@ def test_make_tests_two_tiers_run_at_once_and_both_outputs_are_printed_with_thei
 
     monkeypatch.setattr(launcher, "in_namespaces", stand_in)
     monkeypatch.setattr(launcher, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(launcher, "TIERS", tmp_path / "tiers")
     assert launcher.side_by_side() == 1  # e2e's stand-in fails
     printed = capsys.readouterr().out
     assert printed.index("--- python -m tools.control_plane test (exit status 0) ---\ntest ran") < \
@@ -474,6 +475,31 @@ def test_the_disk_a_directory_takes_counts_a_hard_linked_file_once(tmp_path):
     counted = build.disk_bytes(tmp_path)
     assert 100_000 <= counted < 200_000
     assert build.shown_bytes(2_345_000_000) == "2.3 GB" and build.shown_bytes(12_400_000) == "12 MB"
+
+
+def test_the_tiers_directories_leave_room_for_the_nodes_unix_sockets():
+    """A unix socket's path may not pass 107 bytes; the kubelet's deepest is its pod resources'."""
+    deepest = launcher.tier_directory("e2e") / "control-plane0/node/kubelet/root/pod-resources/kubelet.sock"
+    assert len(str(deepest)) <= 107, deepest
+
+
+def test_a_tiers_run_keeps_its_state_in_a_directory_emptied_but_for_its_logs(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "TIERS", tmp_path / "tiers")
+    assert launcher.tier_directory("e2e") == tmp_path / "tiers" / "e2e_node"
+    assert launcher.tier_directory("up") == tmp_path / "tiers" / "up"
+    assert f"--basetemp={tmp_path / 'tiers' / 'cluster'}" in launcher.pytest_command("test", "-k", "x")
+    run = launcher.tier_directory("e2e") / "control-plane0"
+    kept = [run / "logs" / "etcd.log", run / "node" / "kubelet" / "pod-logs" / "ns_pod_1" / "main" / "0.log",
+            run.parent / "test_scaling0" / "targets.json"]
+    gone = [run / "etcd" / "member" / "wal" / "0.wal", run / "pulumi" / "state" / "stack.json",
+            run / "node" / "storage" / "pvc-data" / "model.keras", run / "admin.kubeconfig"]
+    for path in [*kept, *gone]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 10_000)
+    (run / "linked").symlink_to(run / "etcd", target_is_directory=True)
+    assert launcher.finished("e2e", 3) == 3
+    assert all(path.is_file() for path in kept) and not any(path.exists() for path in gone)
+    assert sorted(path.name for path in run.iterdir()) == ["logs", "node"]  # empty directories gone too
 
 
 def test_the_real_nodes_store_loses_every_name_of_each_image_the_run_does_not_use():
