@@ -531,3 +531,16 @@ def test_the_real_node_uses_its_own_images_and_the_registrys_names_of_the_others
     node = real.RealNode(tmp_path, None, None, "n", {}, manifest, registries=("10.244.0.1:5000",))
     assert node.used_names() == {"registry.k8s.io/pause:3.10.1", "10.244.0.1:5000/dist-ml/serving:1",
                                  "10.244.0.1:5000/kueue/kueue:v0.19.2"}
+
+
+def test_a_shared_store_is_held_by_one_process_at_a_time(tmp_path):
+    store = tmp_path / "node-containerd"
+    first = build.held_alone(store)
+    assert first is not None and store.is_dir()
+    taken = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from pathlib import Path
+        from tools.control_plane.build import held_alone
+        print(held_alone(Path({str(store)!r})) is None)""")], capture_output=True, text=True, cwd=build.ROOT)
+    assert taken.stdout.strip() == "True", taken.stderr
+    first.close()
+    assert build.held_alone(store) is not None

@@ -16,6 +16,7 @@ build says so and exits 0, and the tier's tests skip naming it.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from tools.control_plane import components
 from tools.control_plane.components import ROOT, Component
@@ -121,6 +123,19 @@ def disk_bytes(path: Path) -> int:
                 seen.add((found.st_dev, found.st_ino))
                 total += found.st_blocks * 512
     return total
+
+
+def held_alone(store: Path) -> TextIO | None:
+    """`store` (one of MACHINE_CACHE's, which one tier on the machine at a time holds) made, and held
+    for this process until the returned lock file is closed; None when another process holds it."""
+    store.mkdir(parents=True, exist_ok=True)
+    lock = (store.parent / f"{store.name}.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
 
 
 def shown_bytes(count: int) -> str:

@@ -12,7 +12,6 @@ bridge, which only the tier's namespace sees: containerd is told so for this one
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import subprocess
 import urllib.error
 import urllib.request
@@ -21,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from common.installs import mirrored, split_tag
-from tools.control_plane.build import MACHINE_CACHE
+from tools.control_plane.build import MACHINE_CACHE, held_alone
 from tools.control_plane.cluster import BRIDGE_ADDRESS
 from tools.control_plane.nodes.images import BUILDAH_ROLE, require
 from tools.control_plane.processes import Program, StartError, answers
@@ -71,17 +70,14 @@ class Registry:
         return self
 
     def _storage(self) -> Path:
-        STORAGE.mkdir(parents=True, exist_ok=True)
-        self._lock = (STORAGE.parent / f"{STORAGE.name}.lock").open("w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._lock = held_alone(STORAGE)
+        if self._lock is not None:
             return STORAGE
-        except BlockingIOError:
-            self.say("control-plane: another tier holds the registry's store: pushing into one of this "
-                     "tier's own")
-            own = self.directory / "registry-storage"
-            own.mkdir(exist_ok=True)
-            return own
+        self.say("control-plane: another tier holds the registry's store: pushing into one of this tier's "
+                 "own")
+        own = self.directory / "registry-storage"
+        own.mkdir(exist_ok=True)
+        return own
 
     def push(self, local: str, remote: str) -> None:
         """buildah's image `local` to `remote` in this registry, its layers uncompressed (on the

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -44,7 +43,7 @@ from common.cluster_names import CLUSTER_DOMAIN
 from common.installs import mirrored
 from engines.base import condition
 from tools.control_plane import pki as tier_pki
-from tools.control_plane.build import MACHINE_CACHE, Unavailable, disk_bytes, shown_bytes
+from tools.control_plane.build import MACHINE_CACHE, Unavailable, disk_bytes, held_alone, shown_bytes
 from tools.control_plane.cluster import (
     BRIDGE,
     BRIDGE_ADDRESS,
@@ -197,6 +196,15 @@ def cgroup_dirs(name: str, cgroups: Path = CGROUPS) -> list[Path]:
             if not hierarchy.is_symlink() and (hierarchy / "cgroup.procs").is_file()]
 
 
+def killed(pids: list[str]) -> None:
+    """SIGKILL to each of `pids`, but those that have ended meanwhile."""
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def kill_cgroup_trees(roots: list[Path]) -> None:
     """Every process under `roots` killed, then the cgroups removed, deepest first. A cgroup may go
     while this walks it (its pod's last process reaped): os.walk passes over what vanished."""
@@ -206,11 +214,7 @@ def kill_cgroup_trees(roots: list[Path]) -> None:
                 pids = Path(directory, "cgroup.procs").read_text().split()
             except OSError:
                 continue
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            killed(pids)
     deadline = time.monotonic() + CGROUP_REMOVE_SECONDS
     for root in roots:
         for directory, _, _ in os.walk(root, topdown=False):
@@ -358,11 +362,8 @@ class RealNode:
     def _shared_root(self) -> Path | None:
         """The store outside the clone whose images (gigabytes, unpacked) a warm run reuses, held for
         this tier alone; None when another tier on the machine holds it (this one gets its own)."""
-        SHARED_ROOT.mkdir(parents=True, exist_ok=True)
-        self._lock = (SHARED_ROOT.parent / f"{SHARED_ROOT.name}.lock").open("w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        self._lock = held_alone(SHARED_ROOT)
+        if self._lock is None:
             self.say("control-plane: another tier holds the node's shared image store: loading a store of "
                      "this tier's own")
             return None
@@ -569,13 +570,8 @@ class RealNode:
         runtime = [program for program in self.programs if program.name == "containerd"]
         stop_all([program for program in self.programs if program not in runtime])
         kill_cgroup_trees(cgroup_dirs(self.cgroup_root.lstrip("/")))
-        shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}"],
-                               capture_output=True, text=True).stdout.split()
-        for pid in shims:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        killed(subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}"],
+                              capture_output=True, text=True).stdout.split())
         stop_all(runtime)
         if self._lock is not None:
             self._lock.close()
