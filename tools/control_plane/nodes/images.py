@@ -26,8 +26,9 @@ of every image's gigabytes). One table, IMAGES, a row per image: adding an image
 
 It runs outside the tier's namespaces: pip needs PyPI in the Dockerfiles' RUN steps (--network host).
 Caches are outside the clone: buildah's storage (its layer cache, --layers) and ~/.cache/dist-ml/images
-(the stand-in's and the programs' build contexts). A warm run builds every layer from the cache.
-Prints a line per image.
+(the stand-in's and pause's build contexts; a program's goes once its image holds it). A warm run
+builds every layer from the cache. Prints a line per image. Once a run's images are all built, the
+launcher prunes buildah's storage of what no checkout on the machine uses (prune).
 
 Under CI=true a missing buildah, mmdebstrap, gcc, busybox-static or an unreachable PyPI or Debian
 mirror fails, naming it; elsewhere it says so and exits 0, and the caller skips
