@@ -97,7 +97,7 @@ test:
 	cat $(TIER_LOG); \
 	wait $$built && [ $$tested = 0 ] && exit $$tiered || exit 1
 
-# The tier's real node and its images (tools/control_plane/node.py, images.py) run Debian's packages:
+# The tier's real node and its images (tools/control_plane/nodes/real.py, images.py) run Debian's packages:
 # containerd, runc and the CNI plugins, iptables for kube-proxy, iptables and ipset for kube-router's
 # network policies, buildah and mmdebstrap for the images, busybox for the helper image. Installed once as root (.ci/run does it); a no-op when all are there.
 NODE_PACKAGES = containerd runc containernetworking-plugins iptables ipset buildah mmdebstrap busybox-static

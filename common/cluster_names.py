@@ -13,7 +13,7 @@ import re
 from common.metric_names import IN_FLIGHT_METRIC, REQUESTS_METRIC
 
 # The cluster DNS domain every stack's Service names assume: k3s's and GKE's default, and the tier's
-# real node's (tools/control_plane/node.py).
+# real node's (tools/control_plane/nodes/real.py).
 CLUSTER_DOMAIN = "cluster.local"
 
 

@@ -38,8 +38,9 @@ def _upsert(items: list[dict], new: list[dict]) -> list[dict]:
     return merged
 
 
-def trainer_jobset(runtime: dict, trainjob: dict) -> dict:
-    """The JobSet Trainer v2.3.0 creates for `trainjob` on `runtime`, as JobSet's webhook defaults it."""
+def trainer_jobset(runtime: dict, trainjob: dict, namespace: str) -> dict:
+    """The JobSet Trainer v2.3.0 creates for `trainjob` (created in `namespace`) on `runtime`, as JobSet's
+    webhook defaults it."""
     spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
     trainer = trainjob["spec"].get("trainer", {})
     nodes = trainer.get("numNodes", runtime["spec"].get("mlPolicy", {}).get("numNodes", 1))
@@ -65,7 +66,7 @@ def trainer_jobset(runtime: dict, trainjob: dict) -> dict:
     spec.setdefault("successPolicy", {"operator": "All"})
     spec["suspend"] = trainjob["spec"].get("suspend", False)
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-            "metadata": {"name": trainjob["metadata"]["name"], "namespace": "dist-ml"}, "spec": spec}
+            "metadata": {"name": trainjob["metadata"]["name"], "namespace": namespace}, "spec": spec}
 
 
 def jobset_pods(jobset: dict) -> list[dict]:

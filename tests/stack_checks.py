@@ -1,5 +1,5 @@
-"""What the stack tests share: config edits in Pulumi's wire format, and schema validation of
-everything a stack declares."""
+"""What the stack tests share: the local stack's names, config edits in Pulumi's wire format, and schema
+validation of everything a stack declares."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from common import cluster_names
 from pipeline import argo
 from stacks import program, render
 from stacks.render import stack_values as stack_values  # the tests take it from here
+from tools.control_plane.stacks import local_config
 
 CRDS = {"TFJob": "kubeflow.org_tfjobs.yaml", "InferenceService": "serving.kserve.io_inferenceservices.yaml",
         "TrainJob": "trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml",
@@ -32,8 +33,11 @@ ARGO_CRDS = {"v4": "argo-v4.1.2/argoproj.io_{plural}.yaml", "v3": "argoproj.io_{
 # GCPBackendPolicy: its CRD (GoogleCloudPlatform/gke-gateway-api) is in no package registry and not in
 # ../shared/schemas, whence the pins come; tests/test_cluster_contracts.py checks the fields GKE reads.
 UNCHECKED_KINDS = {"PodMonitor", "ServiceMonitor", "HelmChartConfig", "GCPBackendPolicy"}
+# The local stack's names, as its program reads them from Pulumi.local.yaml: its namespace (where the
+# workflow runs: what Argo substitutes for {{workflow.namespace}}) and its workflow's service account.
+STACK_NAMESPACE = local_config().namespace
+WORKFLOW_ACCOUNT = local_config().pipeline.service_account_name
 WORKFLOW_NAME = "dist-ml-pipeline-x7k2p"  # what Argo substitutes for {{workflow.name}}
-WORKFLOW_NAMESPACE = "dist-ml"  # ... and for {{workflow.namespace}}: the stacks' default namespace
 PUBLISHED_VERSION = "3"  # what select outputs, and the serve step receives
 
 
@@ -41,10 +45,16 @@ def objects_of(rendered: render.Rendered, kind: str) -> list[dict]:
     return [o for o in rendered.objects if o["kind"] == kind]
 
 
+def workflow_namespace(rendered: render.Rendered) -> str:
+    """The namespace a rendered stack runs its workflow in (its WorkflowTemplate's): the stack's own."""
+    (template,) = objects_of(rendered, "WorkflowTemplate")
+    return template["metadata"]["namespace"]
+
+
 def as_submitted(text: str) -> str:
     """A template's text with Argo's placeholders as a run substitutes them."""
     return text.replace("{{workflow.name}}", WORKFLOW_NAME).replace(
-        "{{workflow.namespace}}", WORKFLOW_NAMESPACE).replace(
+        "{{workflow.namespace}}", STACK_NAMESPACE).replace(
         f"{{{{inputs.parameters.{argo.VERSION_PARAMETER}}}}}", PUBLISHED_VERSION)
 
 
@@ -121,9 +131,11 @@ def runtime_of(rendered: render.Rendered, trainjob: dict) -> dict:
 
 
 def trainer_jobset(rendered: render.Rendered, step: str) -> dict:
-    """The JobSet Trainer v2 makes of a train step's TrainJob."""
+    """The JobSet Trainer v2 makes of a train step's TrainJob, which the step creates where the workflow
+    runs."""
     trainjob = embedded(template_of(rendered), step)
-    return cluster_actors.trainer_jobset(runtime_of(rendered, trainjob), trainjob)
+    runtime = runtime_of(rendered, trainjob)
+    return cluster_actors.trainer_jobset(runtime, trainjob, workflow_namespace(rendered))
 
 
 def training_pods(rendered: render.Rendered, step: str) -> list[dict]:

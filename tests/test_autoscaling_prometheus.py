@@ -35,7 +35,7 @@ from typing import Iterator
 import pytest
 from conftest import in_ci
 from prometheus_scrape import listening_port, target_labels
-from stack_checks import WORKFLOW_NAMESPACE, embedded
+from stack_checks import STACK_NAMESPACE, embedded
 
 from cluster_steps.inference_service import PREDICTOR_PORT_NAME
 from common.cluster_names import ISVC_LABEL, PREDICTOR_CONTAINER
@@ -124,10 +124,10 @@ def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
         published_repo, prometheus_binary, tmp_path):
     started = time.monotonic()
     queries = {metric: trigger_query(metric) for metric in ("inflight", "rps")}
-    (podmonitor,) = [m for m in monitors(WORKFLOW_NAMESPACE, MODEL, "custom", ENGINES[DEFAULT_ENGINE])
+    (podmonitor,) = [m for m in monitors(STACK_NAMESPACE, MODEL, "custom", ENGINES[DEFAULT_ENGINE])
                      if m["kind"] == "PodMonitor"]
     assert podmonitor["spec"]["podMetricsEndpoints"][0]["port"] == PREDICTOR_PORT_NAME
-    labels = target_labels(podmonitor, WORKFLOW_NAMESPACE, POD, PREDICTOR_CONTAINER,
+    labels = target_labels(podmonitor, STACK_NAMESPACE, POD, PREDICTOR_CONTAINER,
                            {ISVC_LABEL: MODEL, "component": "predictor"})
     server_args = ["--model-repo", published_repo, "--model-name", MODEL,
                    "--max-batch-wait-ms", BATCH_WAIT_MS]
@@ -153,7 +153,7 @@ def test_the_triggers_queries_read_the_load_the_clients_put_on_the_server(
                     "another InferenceService": in_flight_query.replace(f'="{MODEL}"', f'="{MODEL}-canary"'),
                     "a label the monitor does not set": in_flight_query.replace(
                         "serving_kserve_io_inferenceservice=", "inferenceservice="),
-                    "another namespace": queries["rps"].replace(f'"{WORKFLOW_NAMESPACE}"', '"default"'),
+                    "another namespace": queries["rps"].replace(f'"{STACK_NAMESPACE}"', '"default"'),
                 }
                 missed = {name: query(prometheus_url, promql, at) for name, promql in wrong.items()}
         finally:

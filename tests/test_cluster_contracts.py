@@ -57,7 +57,6 @@ ACTION_VERBS = {"create": {"create"}, "apply": {"get", "create", "patch"}, "dele
                 "patch": {"get", "patch"}}
 # Who creates the namespaces the platform's own manifests put objects in (k3s's kube-system comes with
 # the cluster: only the local stack puts an object there, Traefik's HelmChartConfig).
-SYSTEM_NAMESPACE = "dist-ml"  # both stack files'
 NAMESPACE_CREATORS = {"kubeflow": "platform-training-operator", TRAINER_NAMESPACE: "platform-trainer",
                       "cert-manager": "platform-cert-manager", "kube-system": "cluster-cluster"}
 
@@ -516,13 +515,14 @@ def test_destroy_deletes_the_systems_namespace_before_the_platform_and_what_is_i
     finalizers the platform's controllers remove, and its pods mount the stack's claims: `pulumi destroy`
     deletes the namespace while the controllers run, and lets the namespace controller delete what is in
     it, pods first (one by one, a claim in use would wait for ever). tests/e2e_node destroys for real."""
+    system_namespace = stack_checks.workflow_namespace(stack)
     (namespace,) = [r for r in stack.of_type("kubernetes:core/v1:Namespace")
-                    if r.inputs["metadata"]["name"] == SYSTEM_NAMESPACE]
+                    if r.inputs["metadata"]["name"] == system_namespace]
     installs = {r.name for r in stack.resources if r.parent == "platform"}
     assert installs and installs <= closure(stack, namespace.name)
     for resource in stack.resources:
         if resource.is_kubernetes_object:
-            inside = resource.inputs["metadata"].get("namespace") == SYSTEM_NAMESPACE
+            inside = resource.inputs["metadata"].get("namespace") == system_namespace
             assert resource.deleted_with == (namespace.name if inside else ""), resource.name
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO_ROOT
 
 from common.cluster_target import K3S_IMAGE, KUBERNETES_MINOR
@@ -201,17 +202,41 @@ def test_a_webhook_calls_the_process_with_the_tiers_ca_and_fails_closed():
     assert configuration["webhooks"][0]["failurePolicy"] == "Ignore"  # upstream's, untouched
 
 
+def test_a_managers_config_is_upstreams_with_what_a_pod_would_give_the_process_instead(tmp_path):
+    """Its ports on 127.0.0.1, metrics off, its own certificate rotation off, its lease in the namespace
+    named; upstream's other settings kept, and those given over them."""
+    ctx = upstream.Context({}, str, None, tmp_path, tmp_path / "admin.kubeconfig", {})
+    theirs = {"webhook": {"port": 9443}, "leaderElection": {"leaderElect": True},
+              "controller": {"groupKindConcurrency": {"Job.batch": 5}}}
+    path = upstream.manager_config(ctx, "kueue", theirs, "kueue-system", "internalCertManagement",
+                                   tmp_path / "certs", namespace="kueue-system")
+    ports = upstream.PORTS["kueue"]
+    assert yaml.safe_load(path.read_text()) == {
+        "webhook": {"host": "127.0.0.1", "port": ports.webhook, "certDir": str(tmp_path / "certs")},
+        "leaderElection": {"leaderElect": True, "resourceNamespace": "kueue-system"},
+        "controller": {"groupKindConcurrency": {"Job.batch": 5}},
+        "internalCertManagement": {"enable": False},
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
+        "namespace": "kueue-system",
+    }
+    # Without a certificate directory, the webhook server reads controller-runtime's default one.
+    path = upstream.manager_config(ctx, "trainer", {}, "kubeflow-system", "certManagement")
+    assert "certDir" not in yaml.safe_load(path.read_text())["webhook"]
+
+
 def test_no_two_programs_of_the_tier_are_given_one_port():
     """One network namespace holds them all: a program given a port another holds fails to bind it, and
     a readiness check on that port asks the other one."""
-    from tools.control_plane import cluster, node, tier
+    from tools.control_plane import cluster, tier
+    from tools.control_plane.nodes import real
 
     ports = [
         cluster.ETCD_CLIENT_PORT, cluster.ETCD_PEER_PORT, cluster.API_SERVER_PORT,
         cluster.CONTROLLER_MANAGER_PORT, cluster.SCHEDULER_PORT, tier.KWOK_HEALTH_PORT,
-        node.KUBELET_PORT, node.KUBELET_HEALTH_PORT, node.KUBE_PROXY_HEALTH_PORT,
-        node.KUBE_PROXY_METRICS_PORT,
-        node.COREDNS_READY_PORT, node.COREDNS_HEALTH_PORT, node.KUBE_ROUTER_HEALTH_PORT,
+        real.KUBELET_PORT, real.KUBELET_HEALTH_PORT, real.KUBE_PROXY_HEALTH_PORT,
+        real.KUBE_PROXY_METRICS_PORT,
+        real.COREDNS_READY_PORT, real.COREDNS_HEALTH_PORT, real.KUBE_ROUTER_HEALTH_PORT,
         upstream.ARGO_HEALTH_PORT, upstream.KEDA_GRPC_PORT,
         *(port for pair in upstream.PORTS.values() for port in (pair.webhook, pair.health) if port),
     ]
@@ -337,6 +362,7 @@ def test_make_tests_two_tiers_run_at_once_and_both_outputs_are_printed_with_thei
 
     monkeypatch.setattr(launcher, "in_namespaces", stand_in)
     monkeypatch.setattr(launcher, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(launcher, "TIERS", tmp_path / "tiers")
     assert launcher.side_by_side() == 1  # e2e's stand-in fails
     printed = capsys.readouterr().out
     assert printed.index("--- python -m tools.control_plane test (exit status 0) ---\ntest ran") < \
@@ -371,70 +397,71 @@ def test_the_real_nodes_runtime_keeps_its_state_in_the_tiers_directory(tmp_path)
     kubelet is configured."""
     import tomllib
 
-    from tools.control_plane import node
+    from tools.control_plane.nodes import real
 
-    config = tomllib.loads(node.containerd_config(tmp_path, tmp_path / "c.sock", "registry.k8s.io/pause:3"))
+    config = tomllib.loads(real.containerd_config(tmp_path, tmp_path / "c.sock", "registry.k8s.io/pause:3"))
     assert (config["root"], config["state"], config["grpc"]["address"]) == (
         str(tmp_path / "root"), str(tmp_path / "state"), str(tmp_path / "c.sock"))
     cri = config["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == "registry.k8s.io/pause:3"
     assert cri["cni"]["conf_dir"] == str(tmp_path / "cni")
     assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
-    network = node.cni_network(tmp_path)
+    network = real.cni_network(tmp_path)
     bridge = network["plugins"][0]
-    assert bridge["bridge"] == node.BRIDGE and bridge["ipam"]["dataDir"] == str(tmp_path / "ipam")
+    assert bridge["bridge"] == real.BRIDGE and bridge["ipam"]["dataDir"] == str(tmp_path / "ipam")
     (addresses,) = bridge["ipam"]["ranges"][0:1]
-    assert addresses[0]["gateway"] == node.BRIDGE_ADDRESS  # the bridge's own address: the plugin keeps it
+    assert addresses[0]["gateway"] == real.BRIDGE_ADDRESS  # the bridge's own address: the plugin keeps it
 
 
 def test_a_pull_from_outside_the_tiers_registry_is_refused_on_the_node_and_named(tmp_path):
     """containerd sends every registry but the tier's to a closed port of its own, and the node names
     each reference the kubelet asked for elsewhere, from containerd's log."""
-    from tools.control_plane import node
+    from tools.control_plane.nodes import real
 
-    hosts = node.registry_hosts(tmp_path / "certs.d", ("10.244.0.1:5000",))
-    assert (hosts / "_default" / "hosts.toml").read_text() == f'server = "http://{node.CLOSED_REGISTRY}"\n'
+    hosts = real.registry_hosts(tmp_path / "certs.d", ("10.244.0.1:5000",))
+    assert (hosts / "_default" / "hosts.toml").read_text() == f'server = "http://{real.CLOSED_REGISTRY}"\n'
     assert "http://10.244.0.1:5000" in (hosts / "10.244.0.1:5000" / "hosts.toml").read_text()
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "containerd.log").write_text(
         'time="t" level=info msg="PullImage \\"10.244.0.1:5000/kueue/kueue:v0.19.2\\""\n'
         'time="t" level=info msg="PullImage \\"docker.io/dist-ml/serving:never-built\\""\n'
         'time="t" level=error msg="PullImage \\"docker.io/dist-ml/serving:never-built\\" failed"\n')
-    real = node.RealNode(tmp_path, None, None, "node", {}, None, registries=("10.244.0.1:5000",))
-    assert real.pulls_outside() == ["docker.io/dist-ml/serving:never-built"]
+    node = real.RealNode(tmp_path, None, None, "node", {}, None, registries=("10.244.0.1:5000",))
+    assert node.pulls_outside() == ["docker.io/dist-ml/serving:never-built"]
 
 
 def test_the_kubelet_serves_the_stacks_cluster_domain_from_its_own_cgroup_root(tmp_path):
     from common.cluster_names import CLUSTER_DOMAIN
-    from tools.control_plane import node, pki
+    from tools.control_plane import pki
+    from tools.control_plane.nodes import real
 
     certificates = pki.make(tmp_path / "pki")
     serving = pki.issue_serving(certificates, tmp_path / "pki", "kubelet", ("10.244.0.1",))
-    config = node.kubelet_config(tmp_path, certificates, serving, tmp_path / "c.sock", "/dist-ml-tier-1")
-    assert config["clusterDomain"] == CLUSTER_DOMAIN and config["clusterDNS"] == [node.DNS_ADDRESS]
+    config = real.kubelet_config(tmp_path, certificates, serving, tmp_path / "c.sock", "/dist-ml-tier-1")
+    assert config["clusterDomain"] == CLUSTER_DOMAIN and config["clusterDNS"] == [real.DNS_ADDRESS]
     assert config["cgroupRoot"] == "/dist-ml-tier-1" and config["cgroupDriver"] == "cgroupfs"
     assert config["authentication"]["anonymous"]["enabled"] is False
     assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path / 'c.sock'}"
-    assert f"kubernetes {CLUSTER_DOMAIN} " in node.corefile(tmp_path / "admin.kubeconfig")
+    assert f"kubernetes {CLUSTER_DOMAIN} " in real.corefile(tmp_path / "admin.kubeconfig")
 
 
 def test_the_nodes_cgroup_is_made_in_every_hierarchy_and_removed_with_its_processes(tmp_path):
-    from tools.control_plane import node
+    from tools.control_plane.nodes import real
 
     for controller in ("cpu", "memory"):
         (tmp_path / "v1" / controller).mkdir(parents=True)
         (tmp_path / "v1" / controller / "cgroup.procs").write_text("")
     (tmp_path / "v1" / "cpu,cpuacct").symlink_to(tmp_path / "v1" / "cpu")
-    assert node.cgroup_dirs("tier", tmp_path / "v1") == [tmp_path / "v1" / "cpu" / "tier",
+    assert real.cgroup_dirs("tier", tmp_path / "v1") == [tmp_path / "v1" / "cpu" / "tier",
                                                          tmp_path / "v1" / "memory" / "tier"]
     (tmp_path / "v2").mkdir()
     (tmp_path / "v2" / "cgroup.controllers").write_text("cpu memory")
-    assert node.cgroup_dirs("tier", tmp_path / "v2") == [tmp_path / "v2" / "tier"]
+    assert real.cgroup_dirs("tier", tmp_path / "v2") == [tmp_path / "v2" / "tier"]
     sleeper = subprocess.Popen(["sleep", "60"])
     pod = tmp_path / "v1" / "cpu" / "tier" / "kubepods" / "pod1"
     pod.mkdir(parents=True)
     (pod / "cgroup.procs").write_text(f"{sleeper.pid}\n")
-    node.kill_cgroup_trees([tmp_path / "v1" / "cpu" / "tier"])
+    real.kill_cgroup_trees([tmp_path / "v1" / "cpu" / "tier"])
     assert sleeper.wait(timeout=5) == -9
     # (a real cgroup directory goes with rmdir while it holds only the kernel's files; here they are ours)
 
@@ -449,10 +476,88 @@ def test_coredns_and_the_pause_image_are_the_versions_kubeadm_of_our_kubernetes_
 
 
 def test_the_node_knows_the_machines_root_from_a_user_namespaces(tmp_path):
-    from tools.control_plane import node
+    from tools.control_plane.nodes import real
 
     uid_map = tmp_path / "uid_map"
     uid_map.write_text("         0          0 4294967295\n")
-    assert node.real_root(uid_map)
+    assert real.real_root(uid_map)
     uid_map.write_text("         0       1000          1\n")  # unshare --user --map-root-user
-    assert not node.real_root(uid_map)
+    assert not real.real_root(uid_map)
+
+
+def test_the_disk_a_directory_takes_counts_a_hard_linked_file_once(tmp_path):
+    (tmp_path / "a").write_bytes(b"x" * 100_000)
+    os.link(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "c").symlink_to(tmp_path / "a")
+    counted = build.disk_bytes(tmp_path)
+    assert 100_000 <= counted < 200_000
+    assert build.shown_bytes(2_345_000_000) == "2.3 GB" and build.shown_bytes(12_400_000) == "12 MB"
+
+
+def test_the_tiers_directories_leave_room_for_the_nodes_unix_sockets():
+    """A unix socket's path may not pass 107 bytes; the kubelet's deepest is its pod resources'."""
+    deepest = launcher.tier_directory("e2e") / "control-plane0/node/kubelet/root/pod-resources/kubelet.sock"
+    assert len(str(deepest)) <= 107, deepest
+
+
+def test_a_tiers_run_keeps_its_state_in_a_directory_emptied_but_for_its_logs(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "TIERS", tmp_path / "tiers")
+    assert launcher.tier_directory("e2e") == tmp_path / "tiers" / "e2e_node"
+    assert launcher.tier_directory("up") == tmp_path / "tiers" / "up"
+    assert f"--basetemp={tmp_path / 'tiers' / 'cluster'}" in launcher.pytest_command("test", "-k", "x")
+    run = launcher.tier_directory("e2e") / "control-plane0"
+    kept = [run / "logs" / "etcd.log", run / "node" / "kubelet" / "pod-logs" / "ns_pod_1" / "main" / "0.log",
+            run.parent / "test_scaling0" / "targets.json"]
+    gone = [run / "etcd" / "member" / "wal" / "0.wal", run / "pulumi" / "state" / "stack.json",
+            run / "node" / "storage" / "pvc-data" / "model.keras", run / "admin.kubeconfig"]
+    for path in [*kept, *gone]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 10_000)
+    (run / "linked").symlink_to(run / "etcd", target_is_directory=True)
+    assert launcher.finished("e2e", 3) == 3
+    assert all(path.is_file() for path in kept) and not any(path.exists() for path in gone)
+    assert sorted(path.name for path in run.iterdir()) == ["logs", "node"]  # empty directories gone too
+
+
+def test_the_real_nodes_store_loses_every_name_of_each_image_the_run_does_not_use():
+    """An image the run uses keeps all its names (the CRI plugin's digest and ID names with its tag);
+    one it does not use loses them all, so that containerd's collector drops its content."""
+    from tools.control_plane.nodes import real
+
+    serving = "10.244.0.1:5000/dist-ml/serving"
+    images = [(f"{serving}:new", "sha256:n"), (f"{serving}@sha256:n", "sha256:n"), ("sha256:c0", "sha256:n"),
+              (f"{serving}:old", "sha256:o"), ("sha256:c1", "sha256:o"),
+              ("registry.k8s.io/pause:3.9", "sha256:p")]
+    kind = "application/vnd.docker.distribution.manifest.v2+json"
+    listing = "REF  TYPE  DIGEST  SIZE  PLATFORMS  LABELS\n" + "".join(
+        f"{name}  {kind}  {digest}  2.8 GiB  linux/amd64  io.cri-containerd.image=managed\n"
+        for name, digest in images)
+    listed = real.listed_in_store(listing)
+    assert listed == images
+    used = {f"{serving}:new", "registry.k8s.io/pause:3.10.1"}
+    assert real.stale_in_store(listed, used) == [f"{serving}:old", "sha256:c1", "registry.k8s.io/pause:3.9"]
+
+
+def test_the_real_node_uses_its_own_images_and_the_registrys_names_of_the_others(tmp_path):
+    from tools.control_plane.nodes import images, real
+
+    manifest = images.ImageManifest([
+        images.BuiltImage("pause", "registry.k8s.io/pause:3.10.1", "a", images.NODE),
+        images.BuiltImage("serving", "docker.io/dist-ml/serving:1", "b", images.PROJECT),
+        images.BuiltImage("kueue", "registry.k8s.io/kueue/kueue:v0.19.2", "c", images.PLATFORM)])
+    node = real.RealNode(tmp_path, None, None, "n", {}, manifest, registries=("10.244.0.1:5000",))
+    assert node.used_names() == {"registry.k8s.io/pause:3.10.1", "10.244.0.1:5000/dist-ml/serving:1",
+                                 "10.244.0.1:5000/kueue/kueue:v0.19.2"}
+
+
+def test_a_shared_store_is_held_by_one_process_at_a_time(tmp_path):
+    store = tmp_path / "node-containerd"
+    first = build.held_alone(store)
+    assert first is not None and store.is_dir()
+    taken = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from pathlib import Path
+        from tools.control_plane.build import held_alone
+        print(held_alone(Path({str(store)!r})) is None)""")], capture_output=True, text=True, cwd=build.ROOT)
+    assert taken.stdout.strip() == "True", taken.stderr
+    first.close()
+    assert build.held_alone(store) is not None

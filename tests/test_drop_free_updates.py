@@ -16,7 +16,7 @@ from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.rest.v2_endpoints import register_v2_endpoints
 from stack_checks import embedded
-from test_release import FakeKServe, deploy_args, manifest, run, uri_of
+from test_release import NAMESPACE, FakeKServe, deploy_args, manifest, run, uri_of
 
 from cluster_steps import inference_service as m
 from cluster_steps import inference_service as shape
@@ -123,7 +123,7 @@ class RecordingKServe(FakeKServe):
     def _serves(self, predictor: str) -> bool:
         isvc = predictor.removesuffix("-predictor")
         uri = shape.storage_uri(self.isvcs[isvc])
-        status = self.get_deployment("dist-ml", predictor)["status"]
+        status = self.get_deployment(NAMESPACE, predictor)["status"]
         return uri not in self.stuck and status["availableReplicas"] == status["replicas"]
 
     def create_http_route(self, namespace, manifest):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from conftest import REPO_ROOT
-from stack_checks import objects_of, validate_all
+from stack_checks import objects_of, validate_all, workflow_namespace
 
 from common.cluster_target import KUBERNETES_MINOR
 from infra import preflight
@@ -96,7 +96,8 @@ def test_the_clusters_own_prometheus_installs_no_chart_and_is_where_keda_reads()
                                                                              serving=serving)))) == url
     (dashboard,) = [o for o in objects_of(rendered, "ConfigMap")
                     if o["metadata"]["name"] == "dist-ml-dashboard"]
-    assert dashboard["metadata"]["namespace"] == "dist-ml"  # the cluster's Grafana finds it there
+    # In the stack's namespace, where the cluster's Grafana finds it.
+    assert dashboard["metadata"]["namespace"] == workflow_namespace(rendered)
     assert "grafana" not in rendered.outputs
     with pytest.raises(ConfigError, match="monitoring.prometheusUrl: names the Prometheus"):
         parse_stack_config(from_pulumi_values(values(monitoring={"enabled": False, "prometheusUrl": url})))

@@ -233,7 +233,7 @@ def test_the_tracking_server_keeps_sqlite_on_a_volume_of_its_own_one_writer_at_a
     assert claims["mlflow"]["spec"]["accessModes"] == ["ReadWriteOnce"]
     (policy,) = objects_of(default_stack, "NetworkPolicy")
     assert policy["spec"]["ingress"][0]["from"] == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dist-ml"}}}]
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": stack_checks.STACK_NAMESPACE}}}]
     off = render.render("local", stack_values(pipeline={"tracking": {"enabled": False}}))
     assert not [d for d in objects_of(off, "Deployment") if d["metadata"]["name"] == "mlflow"]
     (template,) = objects_of(off, "WorkflowTemplate")

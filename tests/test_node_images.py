@@ -1,6 +1,6 @@
-"""The control-plane tier's node images (tools/control_plane/images.py): the names the kubelet asks for,
+"""The control-plane tier's node images (tools/control_plane/nodes/images.py): the names the kubelet asks for,
 the Dockerfiles' replaceable base, the commands the builder runs, and what it says when this machine
-cannot build. The images themselves run in the tier, on its real node (tests/cluster/test_node.py)."""
+cannot build. The images themselves run in the tier, on its real node (tests/e2e_node/test_node.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from conftest import REPO_ROOT
 
 from infra.images import BASE_IMAGES, IMAGE_INPUTS, image_ref
-from tools.control_plane import build, images
+from tools.control_plane import build
+from tools.control_plane.nodes import images
 
 DEFAULT_BASE = "python:3.11-slim"
 
@@ -60,11 +61,19 @@ def test_a_kubernetes_module_without_the_pause_source_is_refused(tmp_path):
 
 
 def test_the_images_are_named_as_the_stack_and_the_provisioner_name_them(tmp_path):
-    names = images.image_names(pause_source(tmp_path))
+    names = images.image_names(images.Inputs(pause=pause_source(tmp_path)))
     assert list(names) == ["pause", "busybox", *BASE_IMAGES]
     assert names["busybox"] == "docker.io/library/busybox:latest"
     for image in BASE_IMAGES:
         assert names[image] == f"docker.io/{image_ref(image)}"
+
+
+def test_the_table_has_a_row_per_image_the_stacks_build_and_a_key_per_row():
+    """The project's rows are the images every stack builds; each row's key names one image."""
+    assert [image.key for image in images.images_of(images.PROJECT)] == list(BASE_IMAGES)
+    keys = [image.key for image in images.IMAGES]
+    assert len(keys) == len(set(keys)), keys
+    assert {image.role for image in images.IMAGES} == {images.NODE, images.PROJECT, images.PLATFORM}
 
 
 def test_a_project_image_is_built_from_its_dockerfile_on_the_stand_in(tmp_path):
@@ -130,26 +139,72 @@ def test_each_platform_image_is_a_static_program_named_as_the_stacks_config_name
     from tools.control_plane import build, components
 
     pins = components.pins()
-    by_name = {image.component: image for image in images.PROGRAM_IMAGES if image.component == "argoexec"}
-    executor = by_name["argoexec"]
+    platform = images.images_of(images.PLATFORM)
+    (executor,) = [image for image in platform if image.component == "argoexec"]
     argo = build.Built("argoexec", "m", "v4.0.5", pins.argo, "x", "/m", {})
-    assert executor.image_name(argo) == executor_config(pins.argo)["image"]
+    assert executor.name(images.Inputs(programs={"argoexec": argo})) == executor_config(pins.argo)["image"]
     # Upstream's argoexec-nonroot: a user of its own, which the restricted step pods require.
     assert executor.user == 8737 and executor.path == "/bin/argoexec"
     makers = {name: getattr(components, name.replace("-", "_")) for name in
-              {image.component for image in images.PROGRAM_IMAGES}}
-    for image in images.PROGRAM_IMAGES:
+              {image.component for image in platform}}
+    for image in platform:
         component = makers[image.component]("v1.0.0")
         programs = {build.program_name(component.name, command) for command in component.commands}
         assert component.static and image.program in programs, image
         assert isinstance(image.user, int) and image.user != 0, image  # runAsNonRoot checks a numeric user
 
 
-def test_a_built_image_is_named_with_buildahs_id_of_it_and_said_cached_when_unchanged(monkeypatch):
+def test_a_built_images_id_is_buildahs_and_said_cached_when_unchanged(monkeypatch):
     said, ids = [], iter(["sha256:old", "sha256:new", "sha256:same", "sha256:same", None, None])
     monkeypatch.setattr(images, "image_id", lambda name: next(ids))
-    assert images.built("x:1", lambda: None, said.append) == images.NodeImage("x:1", "sha256:new")
-    assert images.built("x:1", lambda: None, said.append).image_id == "sha256:same"
+    assert images.built("x:1", lambda: None, said.append) == "sha256:new"
+    assert images.built("x:1", lambda: None, said.append) == "sha256:same"
     assert [line.endswith("(cached)") for line in said] == [False, True]
     with pytest.raises(images.BuildError, match="buildah holds no image x:1 after building it"):
         images.built("x:1", lambda: None, said.append)
+
+
+def test_the_manifest_names_the_node_its_pause_and_helper_by_their_rows(monkeypatch, tmp_path):
+    monkeypatch.setattr(images, "MANIFEST", tmp_path / "node-images.json")
+    assert images.read_manifest() is None
+    written = [images.BuiltImage("pause", "registry.k8s.io/pause:3.10.1", "a", images.NODE),
+               images.BuiltImage("busybox", images.HELPER_IMAGE, "b", images.NODE),
+               images.BuiltImage("trainer", "docker.io/dist-ml/trainer:1", "c", images.PROJECT)]
+    images.write_manifest(written)
+    manifest = images.read_manifest()
+    assert manifest.built == written
+    assert (manifest.pause, manifest.helper) == ("registry.k8s.io/pause:3.10.1", images.HELPER_IMAGE)
+    assert [image.key for image in manifest.of(images.NODE)] == ["pause", "busybox"]
+
+
+def test_a_prune_removes_what_no_checkout_uses_and_keeps_a_running_builds_images():
+    """Old tags of the tier's repositories, and images that lost their name to a newer build, go; the
+    names in use, other repositories' images, and anything built within a build's longest time stay."""
+    now, old = 1_000_000_000, 1_000_000_000 - images.BUILDAH_TIMEOUT_SECONDS - 1
+    in_use = {"docker.io/dist-ml/serving:new", "registry.k8s.io/pause:3.10.1", images.STANDIN}
+    stored = [
+        images.StoredImage("a1", ("docker.io/dist-ml/serving:new",), old),
+        images.StoredImage("a2", ("docker.io/dist-ml/serving:old",), old),
+        images.StoredImage("a3", ("docker.io/dist-ml/serving:building",), now - 60),  # a running build's
+        images.StoredImage("b1", ("registry.k8s.io/pause:3.9", "registry.k8s.io/pause:3.10.1"), old),
+        images.StoredImage("c1", (), old),  # its name went to a newer build
+        images.StoredImage("c2", (), now - 60),  # a running build's last step, no child yet
+        images.StoredImage("d1", ("docker.io/library/postgres:16",), old),  # not the tier's
+        images.StoredImage("e1", (images.STANDIN,), old),
+    ]
+    assert images.stale(stored, in_use, now) == ["docker.io/dist-ml/serving:old", "registry.k8s.io/pause:3.9",
+                                                  "c1"]
+
+
+def test_the_names_in_use_are_every_checkouts_on_the_machine_and_a_gone_checkouts_go(monkeypatch, tmp_path):
+    monkeypatch.setattr(images, "IN_USE", tmp_path / "in-use")
+    here, there, gone = tmp_path / "here", tmp_path / "there", tmp_path / "gone"
+    here.mkdir()
+    there.mkdir()
+    images.write_in_use(["docker.io/dist-ml/serving:a"], checkout=here)
+    images.write_in_use(["docker.io/dist-ml/serving:b"], checkout=there)
+    images.write_in_use(["docker.io/dist-ml/serving:c"], checkout=gone)
+    images.write_in_use(["docker.io/dist-ml/serving:a2"], checkout=here)  # its last run's, not every run's
+    assert images.names_in_use() == {"docker.io/dist-ml/serving:a2", "docker.io/dist-ml/serving:b",
+                                     images.STANDIN}
+    assert not images.in_use_record(gone).exists()

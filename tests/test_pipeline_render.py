@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from conftest import run_module
-from stack_checks import PUBLISHED_VERSION, WORKFLOW_NAME, WORKFLOW_NAMESPACE, embedded
+from stack_checks import PUBLISHED_VERSION, STACK_NAMESPACE, WORKFLOW_NAME, embedded
 
 from cluster_steps.inference_service import TF_SERVING_VERSION
 from common import cluster_names
@@ -270,7 +270,7 @@ def test_by_default_the_predictor_scales_on_its_own_load_through_keda(metric, se
     assert external["metric"]["serverAddress"] == "http://prometheus.example:9090"
     query = external["metric"]["query"]
     assert query.startswith("sum(") and series in query
-    assert f'namespace="{WORKFLOW_NAMESPACE}"' in query
+    assert f'namespace="{STACK_NAMESPACE}"' in query
     assert 'serving_kserve_io_inferenceservice="fmnist"' in query
     assert external["target"] == {"type": "Value", "value": "6"}
     assert predictor["autoScaling"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 600}}

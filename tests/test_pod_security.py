@@ -10,7 +10,7 @@ import pytest
 import stack_checks
 import yaml
 from conftest import REPO_ROOT
-from stack_checks import objects_of
+from stack_checks import objects_of, workflow_namespace
 
 from common import pod_security
 from common.cluster_target import KUBERNETES_MINOR, ClusterTarget
@@ -42,16 +42,14 @@ def stack(request) -> render.Rendered:
 def pod_namespaces(rendered: render.Rendered) -> set[str]:
     """Where the stack's pods run: a namespaced object's own namespace; the pods of a cluster-scoped
     object (the training runtimes) and of the objects the workflow creates, the workflow's."""
-    (template,) = objects_of(rendered, "WorkflowTemplate")
-    workflow_namespace = template["metadata"]["namespace"]
-    return {obj["metadata"].get("namespace", workflow_namespace)
+    return {obj["metadata"].get("namespace", workflow_namespace(rendered))
             for obj in rendered.objects if any(True for _ in policies.pods(obj))}
 
 
 def test_the_namespace_of_every_pod_of_ours_enforces_restricted_pinned_to_the_clusters_minor(stack):
     namespaces = {obj["metadata"]["name"]: obj for obj in objects_of(stack, "Namespace")}
     held = pod_namespaces(stack)
-    assert held == {"dist-ml"}  # the system's: the controllers' namespaces hold none of ours
+    assert held == {workflow_namespace(stack)}  # the system's: the controllers' namespaces hold none of ours
     for name in held:
         labels = namespaces[name]["metadata"].get("labels", {})
         assert labels[pod_security.ENFORCE_LABEL] == "restricted"

@@ -25,7 +25,8 @@ from cluster_steps.inference_service import SERVING_HTTP_PORT, inference_service
 from common import cluster_names
 from common import tracking_names as names
 from common.cli import NEVER_SUCCEEDS_EXIT_CODE, NeverSucceeds
-from common.cluster_target import ClusterTarget, gcs_storage
+from common.cluster_names import GATEWAY_NAME
+from common.cluster_target import PART_OF, ClusterTarget, gcs_storage
 from engines import ENGINES
 from pipeline import argo
 from pipeline.config import parse_config
@@ -774,14 +775,14 @@ def test_retiring_a_canary_someone_already_deleted_is_not_an_error():
 
 
 def test_the_route_splits_between_kserves_predictor_services_and_validates(validate_crd):
-    route = rollout.http_route("fmnist", 10, {"app.kubernetes.io/part-of": "dist-ml"})
+    route = rollout.http_route("fmnist", 10, PART_OF)
     assert validate_crd("gateway-api-v1.2.1/gateway.networking.k8s.io_httproutes.yaml", route) == []
     (rule,) = route["spec"]["rules"]
     # KServe v0.20 Standard mode: Service <isvc>-predictor, port 80 (constants.CommonDefaultHttpPort).
     assert [(b["name"], b["port"], b["weight"]) for b in rule["backendRefs"]] == [
         ("fmnist-predictor", 80, 90), ("fmnist-canary-predictor", 80, 10)]
     # The Gateway's model listener alone: never a plain-HTTP listener kept for redirecting to HTTPS.
-    assert route["spec"]["parentRefs"] == [{"name": "dist-ml", "sectionName": "model"}]
+    assert route["spec"]["parentRefs"] == [{"name": GATEWAY_NAME, "sectionName": "model"}]
     assert "matches" not in rule  # every path: the v1 and v2 protocols, /metrics excepted by nobody
     broken = rollout.http_route("fmnist", 10)
     broken["spec"]["rules"][0]["backendRefs"][0]["weight"] = -1

@@ -244,7 +244,7 @@ def test_any_text_pulumi_hands_over_is_read_or_named(pulumi_values):
         assert any(str(error).startswith(name + ": ") for name in named), str(error)
         return
     assert set(raw) == {key.partition(":")[2] if key.startswith("dist-ml:") else key
-                        for key in pulumi_values if key.partition(":")[0] in ("dist-ml", "gcp")}
+                        for key in pulumi_values if key.partition(":")[0] in program.NAMESPACES}
 
 
 def valid_stacks() -> st.SearchStrategy[dict]:
@@ -388,7 +388,7 @@ def test_the_reader_returns_the_projects_and_gcps_values_and_which_are_secret(en
     secret = data.draw(st.lists(st.sampled_from(sorted(config)), unique=True) if config else st.just([]))
     pulumi.runtime.set_all_config(dict(config), secret)
     read = program.read_stack_values()
-    ours = {key: value for key, value in config.items() if key.split(":")[0] in ("dist-ml", "gcp")}
+    ours = {key: value for key, value in config.items() if key.split(":")[0] in program.NAMESPACES}
     assert read.values == ours
     assert read.secret_keys == {key for key in secret if key in ours}
 

@@ -24,6 +24,7 @@ import pytest
 import requests
 from conftest import run_module
 from mlflow import MlflowClient
+from stack_checks import STACK_NAMESPACE
 
 from common import tracking_names as names
 from infra.tracking import DATA_DIR, MIGRATE_CONTAINER, SERVER_ENV, SERVER_RESOURCES, volume_pod
@@ -32,7 +33,6 @@ from tools import virtualenvs
 
 pytestmark = pytest.mark.slow  # builds the server's virtualenv, starts it, trains
 
-NAMESPACE = "dist-ml"
 STARTED = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 START_SECONDS = 120
 FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8", "--epochs", "2",
@@ -54,7 +54,7 @@ def mlflow_command() -> Path:
 
 def local_pod(data: Path) -> dict:
     """The local stack's server pod, its volume at `data`."""
-    pod = volume_pod("dist-ml/tracking-server", NAMESPACE, names.SERVER_NAME)
+    pod = volume_pod("dist-ml/tracking-server", STACK_NAMESPACE, names.SERVER_NAME)
     return json.loads(json.dumps(pod).replace(f'{DATA_DIR}/', f"{data}/"))
 
 
@@ -213,7 +213,7 @@ def test_only_the_hosts_the_clusters_pods_call_are_answered(server):
     url, _, _ = server
     search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
     port = url.rsplit(":", 1)[1]
-    for host in (f"{names.SERVER_NAME}.{NAMESPACE}.svc:{names.SERVER_PORT}", f"localhost:{port}"):
+    for host in (f"{names.SERVER_NAME}.{STACK_NAMESPACE}.svc:{names.SERVER_PORT}", f"localhost:{port}"):
         assert requests.get(search, headers={"Host": host}, timeout=10).status_code == 200, host
     assert requests.get(search, headers={"Host": "attacker.example:5000"}, timeout=10).status_code == 403
 

@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from PIL import Image
 
+from common.cluster_target import PART_OF
 from trainer.fashion_mnist import read_split
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,6 @@ PASSPHRASE_VARIABLES = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FI
 CLUSTER_NAME_KEY = "dist-ml:cluster.name"
 # pipeline.argo's names for the template and its runs (tests/test_e2e.py holds them equal).
 WORKFLOW_TEMPLATE = "dist-ml-pipeline"
-WORKFLOW_LABELS = {"app.kubernetes.io/part-of": "dist-ml"}
 WORKFLOW_SUCCEEDED = "Succeeded"
 WORKFLOW_FAILED = ("Failed", "Error")
 DEFAULT_TIMEOUT_MINUTES = 120.0  # the run trains every variant on the full dataset
@@ -238,7 +238,7 @@ def deploy(run: Run) -> None:
 def workflow_manifest() -> dict:
     """One run of the installed template, as `argo submit --from workflowtemplate/...` makes it."""
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-            "metadata": {"generateName": f"{WORKFLOW_TEMPLATE}-", "labels": dict(WORKFLOW_LABELS)},
+            "metadata": {"generateName": f"{WORKFLOW_TEMPLATE}-", "labels": dict(PART_OF)},
             "spec": {"workflowTemplateRef": {"name": WORKFLOW_TEMPLATE}}}
 
 

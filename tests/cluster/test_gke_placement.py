@@ -1,5 +1,5 @@
 """The gke stack's training placement, judged by the controllers that make it: KWOK nodes shaped like
-the stack's pools (tools.control_plane.nodes.gke_nodes: their labels, taints, allocatable and GPUs),
+the stack's pools (tools.control_plane.nodes.kwok.gke_nodes: their labels, taints, allocatable and GPUs),
 the stack's flavor, queues, runtime and accounts in place of the local stack's, and the train step's
 TrainJob submitted as the workflow's account. Kueue admits it on the training pool's flavor and writes
 the flavor's node labels and tolerations into Trainer's runtime patch; Trainer merges it into the
@@ -20,7 +20,8 @@ from engines.base import condition
 from engines.trainjob import JOBSET_NAME_LABEL, TRAINING_QUEUE, WORKLOAD_JOB_UID_LABEL
 from infra.gke import POOL_LABEL, QUEUED_PROVISIONING_CLASS
 from stacks import render
-from tools.control_plane import nodes, stacks
+from tools.control_plane import stacks
+from tools.control_plane.nodes import kwok
 
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 WORKLOAD_API = "kueue.x-k8s.io/v1beta2"
@@ -47,7 +48,7 @@ def gke_stack(training_pool: str, queued: bool = False) -> render.Rendered:
 def gke_pools(tier, local_stack_objects) -> dict[str, dict]:
     """The pools' nodes, by name, for this module's tests only (the local stack's tests keep their one
     k3d node)."""
-    made = nodes.gke_nodes(gke_stack("spot"))
+    made = kwok.gke_nodes(gke_stack("spot"))
     tier.api.apply_all(made)
     yield {node["metadata"]["name"]: node for node in made}
     for node in made:

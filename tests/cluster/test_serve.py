@@ -20,7 +20,7 @@ from common.cluster_names import (
 )
 from common.cluster_target import pvc_storage
 from pipeline.argo import release_uri
-from tools.control_plane.nodes import CRASH_LOOP_ANNOTATION
+from tools.control_plane.nodes.kwok import CRASH_LOOP_ANNOTATION
 
 ISVC_API = "serving.kserve.io/v1beta1"
 ROUTE_API = "gateway.networking.k8s.io/v1"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from stack_checks import WORKFLOW_ACCOUNT
 from tier_helpers import NAMESPACE
 
 from common import cluster_names
@@ -12,8 +13,7 @@ from infra.pipeline import EXECUTOR_RULE
 from pipeline import argo
 
 WORKFLOW_API = "argoproj.io/v1alpha1"
-ACCOUNT = "dist-ml-pipeline"  # Pulumi.local.yaml's pipeline.serviceAccountName
-SUBJECT = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+SUBJECT = f"system:serviceaccount:{NAMESPACE}:{WORKFLOW_ACCOUNT}"
 STARTED_SECONDS = 90
 
 
@@ -34,7 +34,7 @@ def test_a_workflow_submitted_from_the_template_runs_its_first_step_as_the_workf
         return tier.api.list("v1", "Pod", NAMESPACE, label_selector=f"workflows.argoproj.io/workflow={name}")
 
     (pod,) = tier.api.wait(first_pod, "the workflow's first pod", STARTED_SECONDS)
-    assert pod["spec"]["serviceAccountName"] == ACCOUNT
+    assert pod["spec"]["serviceAccountName"] == WORKFLOW_ACCOUNT
     # `<workflow>.ingest`: the step itself, not a try of a retryStrategy (ingest, memoized, has none)
     assert re.fullmatch(rf"{name}\.ingest", pod["metadata"]["annotations"]["workflows.argoproj.io/node-name"])
     cache = tier.api.get("v1", "ConfigMap", argo.MEMO_CACHE_NAME, argo.ARGO_NAMESPACE)
@@ -80,7 +80,7 @@ def test_the_workflows_account_may_make_every_call_its_steps_make_and_nothing_el
             }
         )
         assert review["status"]["allowed"], (group, resource, verb, review["status"])
-    workflow = tier.kubeconfig_for(NAMESPACE, ACCOUNT, "workflow-rules")
+    workflow = tier.kubeconfig_for(NAMESPACE, WORKFLOW_ACCOUNT, "workflow-rules")
     as_workflow = type(tier.api)(workflow)
     mine = rules_of(
         as_workflow.create(

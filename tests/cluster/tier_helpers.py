@@ -13,15 +13,15 @@ import threading
 import time
 from pathlib import Path
 
+from stack_checks import STACK_NAMESPACE as NAMESPACE  # where the tier's tests work: the local stack's
 from stack_checks import embedded, template_of
 
 from engines.trainjob import JOBSET_NAME_LABEL
 from stacks import render
 from tools.control_plane.build import ROOT
 from tools.control_plane.kube import Api
-from tools.control_plane.nodes import EXIT_CODE_ANNOTATION
+from tools.control_plane.nodes.kwok import EXIT_CODE_ANNOTATION
 
-NAMESPACE = "dist-ml"  # Pulumi.local.yaml's
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 POD_WAIT_SECONDS = 90.0
 STEP_TIMEOUT_SECONDS = 300
@@ -154,7 +154,7 @@ def running_pods(api: Api, jobset: str, count: int, attempt: int = 0, step: Step
 
 
 def end(api: Api, pods: list[dict], code: int) -> None:
-    """Each pod's containers exit with `code` (KWOK's stage for the tier, nodes.py)."""
+    """Each pod's containers exit with `code` (KWOK's stage for the tier, nodes/kwok.py)."""
     for pod in pods:
         api.patch(
             "v1",

@@ -42,10 +42,10 @@ from stacks.installs import installed_artifacts
 from stacks.settings import StackConfig
 from testdata import fixtures
 from testdata.pins import CRD_PINS
-from tools.control_plane import artifacts, build, cert_manager, components
-from tools.control_plane import images as node_images
+from tools.control_plane import artifacts, build, cert_manager, components, stacks
 from tools.control_plane.build import ROOT
 from tools.control_plane.cluster import BRIDGE_ADDRESS
+from tools.control_plane.nodes.images import NODE, BuiltImage
 from tools.control_plane.pulumi_stack import NeverStarts, PulumiStack, Update
 from tools.control_plane.pytest_plugin import start_real_node, unavailable
 from tools.control_plane.registry import ADDRESS as REGISTRY
@@ -113,7 +113,8 @@ def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured):
     are the pods `pulumi up` installs)."""
     if not build.MANIFEST.is_file():
         unavailable("the tier's programs are not built: python -m tools.control_plane.build")
-    started = Tier(tmp_path_factory.mktemp("control-plane"), build.read_manifest(), say=uncaptured)
+    started = Tier(tmp_path_factory.mktemp("control-plane"), build.read_manifest(),
+                   stacks.local_config().cluster.name, say=uncaptured)
     try:
         started.start_kubernetes()
         started.announce()
@@ -193,15 +194,15 @@ class PulumiCluster:
         return getattr(self.tier, name)
 
 
-def withheld(image: node_images.NodeImage) -> bool:
+def withheld(image: BuiltImage) -> bool:
     return image.name.startswith(qualified(WITHHELD) + ":")
 
 
-def push(registry: Registry, built: list[node_images.NodeImage]) -> None:
+def push(registry: Registry, built: list[BuiltImage]) -> None:
     """The project's images and the platform's into the registry, each where the stack's config names
     it (the project's under its references, the platform's under the mirror's paths)."""
     for image in built:
-        if image.role != node_images.NODE:
+        if image.role != NODE:
             registry.push(image.name, registry.mirrored(image.name))
 
 

@@ -20,7 +20,7 @@ from common.cluster_names import predictor_deployment_name
 from engines.trainjob import JOBSET_NAME_LABEL, NODE_CONTAINER, RESTART_ATTEMPT_LABEL
 from pipeline import argo
 from serving import client
-from tools.control_plane.node import NEVER_STARTS
+from tools.control_plane.nodes.real import NEVER_STARTS
 from trainer.fashion_mnist import CLASS_NAMES
 
 WORKFLOW_API = "argoproj.io/v1alpha1"

@@ -4,11 +4,13 @@ the image the first `pulumi up` runs without."""
 
 from __future__ import annotations
 
+from stack_checks import STACK_NAMESPACE
+
 from common.installs import mirrored
 from infra.images import image_ref
 from tools.control_plane.registry import ADDRESS as REGISTRY
 
-NAMESPACE = "dist-ml"  # the stack's (Pulumi.local.yaml's, kept)
+NAMESPACE = STACK_NAMESPACE  # the e2e stack's: the local stack's, kept (conftest.stack_file)
 # The cluster's own Prometheus, which KEDA reads (the stack's monitoring.prometheusUrl; the scaling test
 # starts it).
 PROMETHEUS_URL = "http://prometheus.monitoring.svc:9090"

@@ -8,13 +8,14 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from e2e_stack import NAMESPACE as PIPELINE_NAMESPACE  # the one the tracking server's NetworkPolicy admits
 from e2e_stack import project_reference
 
 from common import pod_security, tracking_names
 from common.cluster_names import CLUSTER_DOMAIN
 from engines.base import condition
-from infra.images import BASE_IMAGES
-from tools.control_plane.node import NEVER_STARTS
+from tools.control_plane.nodes.images import PROJECT, images_of
+from tools.control_plane.nodes.real import NEVER_STARTS
 
 NAMESPACE = "real-node"
 RUN_SECONDS = 90.0
@@ -153,19 +154,18 @@ def project_pod(real_node, name: str, image: str, *command: str, namespace: str 
     return pod
 
 
-@pytest.mark.parametrize("image", BASE_IMAGES)
+@pytest.mark.parametrize("image", images_of(PROJECT), ids=lambda image: image.key)
 def test_each_project_image_runs_as_its_own_user_under_the_restricted_context(tier, on_node, image):
     """Built from its Dockerfile on the stand-in base: the kubelet starts it under runAsNonRoot (so its
-    USER is not root), as uid 1000, on Python 3.11 with its own lock installed."""
-    module = {"trainer": "trainer.train", "serving": "serving.server", "tracking-server": "mlflow"}[image]
-    probe = f"import os, sys, {module}; print(os.getuid(), sys.version_info[:2])"
-    name = f"image-{image}"
-    tier.api.create(project_pod(on_node, name, image, "python", "-c", probe))
+    USER is not root), as uid 1000, on Python 3.11 with its own lock installed (its entry point's module
+    imports)."""
+    probe = f"import os, sys, {image.entry_module}; print(os.getuid(), sys.version_info[:2])"
+    name = f"image-{image.key}"
+    tier.api.create(project_pod(on_node, name, image.key, "python", "-c", probe))
     ended = finished(tier, name)
     assert (ended["exitCode"], logs(tier, name).split("\n")[-2]) == (0, "1000 (3, 11)"), logs(tier, name)
 
 
-PIPELINE_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's: the one the tracking server's NetworkPolicy admits
 TRACKING_READY_SECONDS = 300.0  # its init container migrates a new database first
 # A pod's request for the tracking server's health at the URL of its second argument, tried each second
 # for as many seconds as its first says: a new pod's address reaches the policy's rules a moment after

@@ -16,6 +16,7 @@ build says so and exits 0, and the tier's tests skip naming it.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -24,12 +25,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from tools.control_plane import components
 from tools.control_plane.components import ROOT, Component
 
 CACHE = ROOT / ".cache" / "control-plane"
 MANIFEST = CACHE / "components.json"
+# The tier's caches outside the clone, which every clone on the machine shares: the images' build
+# contexts, the real node's image store, the registry's store.
+MACHINE_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dist-ml"
 WRAPPER_PREFIX = "dist-ml.local/control-plane/"
 GO_TIMEOUT_SECONDS = 3600
 CI_VALUES = {"true", "1", "yes"}
@@ -103,6 +108,38 @@ def proxy() -> str:
 
 def last_lines(text: str, count: int = 6) -> str:
     return " | ".join(text.splitlines()[-count:])
+
+
+def disk_bytes(path: Path) -> int:
+    """What `path` takes on the disk, as `du -s` counts it: its files' blocks, each inode once."""
+    seen, total = set(), 0
+    for directory, _, files in os.walk(path):
+        for name in [".", *files]:
+            try:
+                found = os.lstat(os.path.join(directory, name))
+            except FileNotFoundError:  # gone while this walks
+                continue
+            if (found.st_dev, found.st_ino) not in seen:
+                seen.add((found.st_dev, found.st_ino))
+                total += found.st_blocks * 512
+    return total
+
+
+def held_alone(store: Path) -> TextIO | None:
+    """`store` (one of MACHINE_CACHE's, which one tier on the machine at a time holds) made, and held
+    for this process until the returned lock file is closed; None when another process holds it."""
+    store.mkdir(parents=True, exist_ok=True)
+    lock = (store.parent / f"{store.name}.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
+
+
+def shown_bytes(count: int) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
 
 
 def download(module: str, version: str) -> dict:

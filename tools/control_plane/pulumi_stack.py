@@ -33,7 +33,7 @@ from pulumi import automation as auto
 from stacks.program import main as stack_program
 from stacks.settings import PROJECT
 from tools.control_plane.kube import Api
-from tools.control_plane.node import NEVER_STARTS
+from tools.control_plane.nodes.real import NEVER_STARTS
 
 STACK = "tier"
 PASSPHRASE = "dist-ml-tier-throwaway"  # the state lives and dies with the tier: nothing to protect

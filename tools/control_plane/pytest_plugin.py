@@ -16,18 +16,16 @@ from typing import Callable
 import pytest
 
 from stacks import render
-from tools.control_plane import build, node, nodes, stacks
+from tools.control_plane import build, stacks
 from tools.control_plane.build import in_ci
-from tools.control_plane.node import RealNode
+from tools.control_plane.nodes import images, kwok
+from tools.control_plane.nodes.real import RealNode
 from tools.control_plane.tier import Tier
-
-WORKFLOW_NAMESPACE = "dist-ml"  # Pulumi.local.yaml's namespace and pipeline.serviceAccountName
-WORKFLOW_ACCOUNT = "dist-ml-pipeline"
 
 
 @pytest.fixture(scope="session")
-def local_render() -> tuple[render.Rendered, str]:
-    """Pulumi.local.yaml under Pulumi's mocks, and its k3d cluster's name."""
+def rendered() -> render.Rendered:
+    """Pulumi.local.yaml under Pulumi's mocks."""
     return stacks.local_stack()
 
 
@@ -52,15 +50,14 @@ def uncaptured(pytestconfig: pytest.Config) -> Callable[[str], None]:
 
 
 @pytest.fixture(scope="session")
-def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured, local_render):
+def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured, rendered):
     if not build.MANIFEST.is_file():
         unavailable(
             "the tier's programs are not built: python -m tools.control_plane.build (make test-cluster does)"
         )
-    rendered, cluster_name = local_render
     started = Tier(
-        tmp_path_factory.mktemp("control-plane"), build.read_manifest(), say=uncaptured,
-        cluster_name=cluster_name,
+        tmp_path_factory.mktemp("control-plane"), build.read_manifest(), stacks.local_config().cluster.name,
+        say=uncaptured,
     )
     try:
         started.start(rendered)
@@ -70,11 +67,11 @@ def tier(tmp_path_factory: pytest.TempPathFactory, uncaptured, local_render):
 
 
 def start_real_node(tier: Tier, registries: tuple[str, ...] = ()) -> RealNode:
-    """The tier's real node with the images tools.control_plane.images built, pulling from `registries`
+    """The tier's real node with the images tools.control_plane.nodes.images built, pulling from `registries`
     too; a skip (a failure under CI=true) saying what is missing when it cannot start here."""
-    built = node.read_images()
+    built = images.read_manifest()
     if built is None:
-        unavailable("the node's images are not built: python -m tools.control_plane.images")
+        unavailable("the node's images are not built: python -m tools.control_plane.nodes.images")
     try:
         return tier.start_real_node(built, registries)
     except build.Unavailable as missing:
@@ -82,14 +79,13 @@ def start_real_node(tier: Tier, registries: tuple[str, ...] = ()) -> RealNode:
 
 
 @pytest.fixture(scope="session")
-def local_stack_objects(tier: Tier, local_render) -> list[dict]:
+def local_stack_objects(tier: Tier, rendered) -> list[dict]:
     """The local stack's Kubernetes objects, in the order `pulumi up` creates them (tools.control_plane.
     stacks), applied to the tier after what the k3d cluster brings: k3s's local-path StorageClass and the
     volume its provisioner would give the stack's claim."""
-    rendered, _ = local_render
     objects, _ = stacks.served(tier.api, stacks.in_dependency_order(rendered))
     claims = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]  # the pipeline's, MLflow's
-    tier.api.apply_all(nodes.k3s_local_path(claims, tier.node_name, tier.directory / "storage"))
+    tier.api.apply_all(kwok.k3s_local_path(claims, tier.node_name, tier.directory / "storage"))
     tier.api.apply_all(objects)
     return objects
 
@@ -97,9 +93,5 @@ def local_stack_objects(tier: Tier, local_render) -> list[dict]:
 @pytest.fixture(scope="session")
 def workflow(tier: Tier, local_stack_objects) -> Path:
     """A kubeconfig with a token of the workflow's service account, as its step pods have."""
-    return tier.kubeconfig_for(WORKFLOW_NAMESPACE, WORKFLOW_ACCOUNT, "workflow")
-
-
-@pytest.fixture(scope="session")
-def rendered(local_render) -> render.Rendered:
-    return local_render[0]
+    names = stacks.local_config()
+    return tier.kubeconfig_for(names.namespace, names.pipeline.service_account_name, "workflow")

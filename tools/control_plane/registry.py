@@ -12,7 +12,6 @@ bridge, which only the tier's namespace sees: containerd is told so for this one
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import subprocess
 import urllib.error
 import urllib.request
@@ -21,13 +20,14 @@ from pathlib import Path
 import yaml
 
 from common.installs import mirrored, split_tag
-from tools.control_plane import images as node_images
+from tools.control_plane.build import MACHINE_CACHE, held_alone
 from tools.control_plane.cluster import BRIDGE_ADDRESS
+from tools.control_plane.nodes.images import BUILDAH_ROLE, require
 from tools.control_plane.processes import Program, StartError, answers
 
 PORT = 5000
 ADDRESS = f"{BRIDGE_ADDRESS}:{PORT}"
-STORAGE = node_images.CACHE.parent / "registry"
+STORAGE = MACHINE_CACHE / "registry"
 START_SECONDS = 60.0
 PUSH_SECONDS = 1800.0
 # What buildah pushes (Docker's v2 schema 2, or OCI's): asked for by name, the registry answers its digest.
@@ -70,23 +70,20 @@ class Registry:
         return self
 
     def _storage(self) -> Path:
-        STORAGE.mkdir(parents=True, exist_ok=True)
-        self._lock = (STORAGE.parent / f"{STORAGE.name}.lock").open("w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._lock = held_alone(STORAGE)
+        if self._lock is not None:
             return STORAGE
-        except BlockingIOError:
-            self.say("control-plane: another tier holds the registry's store: pushing into one of this "
-                     "tier's own")
-            own = self.directory / "registry-storage"
-            own.mkdir(exist_ok=True)
-            return own
+        self.say("control-plane: another tier holds the registry's store: pushing into one of this tier's "
+                 "own")
+        own = self.directory / "registry-storage"
+        own.mkdir(exist_ok=True)
+        return own
 
     def push(self, local: str, remote: str) -> None:
         """buildah's image `local` to `remote` in this registry, its layers uncompressed (on the
         bridge, compressing them would cost the cores more than it saves)."""
         done = subprocess.run(
-            [node_images.require("buildah", node_images.BUILDAH_ROLE), "push", "--quiet",
+            [require("buildah", BUILDAH_ROLE), "push", "--quiet",
              "--tls-verify=false", "--disable-compression", local, f"docker://{remote}"],
             capture_output=True, text=True, timeout=PUSH_SECONDS)
         if done.returncode != 0:

@@ -9,13 +9,16 @@ reason, and every other kind must be one the API server serves.
 from __future__ import annotations
 
 import contextlib
+import functools
 import graphlib
 from typing import Iterator
 
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from stacks import render
+from stacks.config import from_pulumi_values, parse_stack_config
 from stacks.declared import kubernetes_objects
+from stacks.settings import StackConfig
 from tools.control_plane.build import ROOT
 from tools.control_plane.kube import Api
 
@@ -45,13 +48,16 @@ def stack_values(stack: str, **sections: dict) -> dict[str, str]:
     return render.stack_values(ROOT / f"Pulumi.{stack}.yaml", **sections)
 
 
-def local_stack(**sections: dict) -> tuple[render.Rendered, str]:
-    """Pulumi.local.yaml rendered (with `sections` changed, stack_values), and its k3d cluster's name
-    (whose node the tier simulates)."""
-    from stacks.config import from_pulumi_values, parse_stack_config
+@functools.cache
+def local_config() -> StackConfig:
+    """Pulumi.local.yaml as the stack program reads it: the local stack's names, which the tier and its
+    tests use (its namespace, its k3d cluster, whose nodes the tier plays, the workflow's account)."""
+    return parse_stack_config(from_pulumi_values(stack_values("local")))
 
-    values = stack_values("local", **sections)
-    return render.render("local", values), parse_stack_config(from_pulumi_values(values)).cluster.name
+
+def local_stack() -> render.Rendered:
+    """Pulumi.local.yaml rendered."""
+    return render.render("local", stack_values("local"))
 
 
 def gke_stack(**sections: dict) -> render.Rendered:

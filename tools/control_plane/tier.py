@@ -17,11 +17,14 @@ from pipeline.argo import ARGO_CONTROLLER_ACCOUNT, ARGO_NAMESPACE
 from stacks import render
 from testdata import fixtures
 from testdata.pins import CRD_PINS
-from tools.control_plane import nodes, pki, upstream
+from tools.control_plane import pki, upstream
 from tools.control_plane.build import Built
 from tools.control_plane.cluster import API_SERVER_ADDRESSES, BRIDGE_ADDRESS, Binaries, Kubernetes, kubeconfig
 from tools.control_plane.kube import Api
-from tools.control_plane.node import KUBE_ROUTER_USER, NodeImages, RealNode
+from tools.control_plane.nodes import kwok
+from tools.control_plane.nodes.images import ImageManifest
+from tools.control_plane.nodes.k3s import K3S_NODE_LABELS, k3d_agent_name
+from tools.control_plane.nodes.real import KUBE_ROUTER_USER, RealNode
 from tools.control_plane.processes import Program, answers, cpu_seconds, stop_all
 
 CONTROLLER_START_SECONDS = 180.0
@@ -58,11 +61,11 @@ def service_account_token(api: Api, namespace: str, account: str) -> str:
 class Tier:
     directory: Path
     built: list[Built]
+    cluster_name: str  # the local stack's k3d cluster, whose nodes the tier plays (named as k3d names them)
     say: Callable[[str], None] = print
     kubernetes: Kubernetes | None = None
     api: Api | None = None
     programs: list[Program] = dataclasses.field(default_factory=list)
-    cluster_name: str = "dist-ml"  # the local stack's k3d cluster, whose node the tier simulates
     real_node: RealNode | None = None
     simulated: bool = False  # KWOK runs the k3d cluster's simulated node
 
@@ -141,33 +144,33 @@ class Tier:
 
     def _start_kwok(self, binaries: Binaries, context: upstream.Context) -> None:
         stages = self.directory / "kwok-stages.yaml"
-        stages.write_text(upstream.yaml.safe_dump_all(nodes.stages(context.module("kwok"))))
-        kwok = Program(
+        stages.write_text(upstream.yaml.safe_dump_all(kwok.stages(context.module("kwok"))))
+        program = Program(
             "kwok",
             [
                 binaries["kwok"],
                 f"--kubeconfig={self.admin}",
                 f"--config={stages}",
                 "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                f"--cidr={nodes.POD_CIDR}",
-                f"--node-ip={nodes.NODE_IP}",
+                f"--manage-nodes-with-annotation-selector={kwok.KWOK_NODE_SELECTOR}",
+                f"--cidr={kwok.POD_CIDR}",
+                f"--node-ip={kwok.NODE_IP}",
                 f"--server-address=127.0.0.1:{KWOK_HEALTH_PORT}",
                 "--node-lease-duration-seconds=40",
             ],
             self.directory / "logs" / "kwok.log",
             env={"KWOK_WORKDIR": str(self.directory / "kwok")},
         ).start()
-        self.programs.append(kwok)
-        kwok.wait_until(
+        self.programs.append(program)
+        program.wait_until(
             answers(f"http://127.0.0.1:{KWOK_HEALTH_PORT}/healthz"), "ready", CONTROLLER_START_SECONDS
         )
-        self.api.apply_all(nodes.k3d_nodes(self.cluster_name))
+        self.api.apply_all(kwok.k3d_nodes(self.cluster_name))
 
     @property
     def node_name(self) -> str:
         """The local stack's one node (k3d's server)."""
-        (node,) = nodes.k3d_nodes(self.cluster_name)
+        (node,) = kwok.k3d_nodes(self.cluster_name)
         return node["metadata"]["name"]
 
     def program(self, name: str) -> str:
@@ -191,8 +194,8 @@ class Tier:
                 f"{component.pinned_by}{note})"
             )
 
-    def start_real_node(self, images: NodeImages, registries: tuple[str, ...] = ()) -> RealNode:
-        """The real node (tools/control_plane/node.py), k3d's first agent as k3d names it, as the
+    def start_real_node(self, images: ImageManifest, registries: tuple[str, ...] = ()) -> RealNode:
+        """The real node (tools/control_plane/nodes/real.py), k3d's first agent as k3d names it, as the
         cluster's one schedulable node (the simulated one, if any, cordoned, so that every pod lands
         here), pulling from `registries` too, and the local-path provisioner k3s runs, whose helper pods
         need a node that runs them."""
@@ -204,8 +207,8 @@ class Tier:
             self.directory / "node",
             Binaries.of(self.built),
             self.kubernetes.pki,
-            nodes.k3d_agent_name(self.cluster_name),
-            nodes.K3S_NODE_LABELS,
+            k3d_agent_name(self.cluster_name),
+            K3S_NODE_LABELS,
             images,
             registries,
             say=self.say,

@@ -1,19 +1,21 @@
 """Inside the tier's namespaces (`python -m tools.control_plane up` runs it there): starts the tier for
-the local stack, prints how to reach it, and keeps it up until Ctrl-C (or SIGTERM).
+the local stack in DIRECTORY (made anew), prints how to reach it, and keeps it up until Ctrl-C (or
+SIGTERM).
 
-    python -m tools.control_plane.up
+    python -m tools.control_plane.up DIRECTORY
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import tempfile
+import sys
 from pathlib import Path
 from typing import NoReturn
 
 from tools.control_plane.build import read_manifest
-from tools.control_plane.stacks import local_stack
+from tools.control_plane.stacks import local_config, local_stack
 from tools.control_plane.tier import Tier
 
 
@@ -21,10 +23,11 @@ def interrupt(_signum: int, _frame: object) -> NoReturn:
     raise KeyboardInterrupt  # SIGTERM stops the tier as Ctrl-C does
 
 
-def main() -> None:
-    directory = Path(tempfile.mkdtemp(prefix="control-plane-"))
-    rendered, cluster_name = local_stack()
-    tier = Tier(directory, read_manifest(), cluster_name=cluster_name)
+def main(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    rendered = local_stack()
+    tier = Tier(directory, read_manifest(), local_config().cluster.name)
     signal.signal(signal.SIGTERM, interrupt)
     try:
         tier.start(rendered)
@@ -42,4 +45,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]))

@@ -153,6 +153,29 @@ def serving_cert_dir(directory: Path, pki: Pki, with_ca: bool = False) -> Path:
     return directory
 
 
+def manager_config(ctx: Context, name: str, upstream: dict, leader_election_namespace: str,
+                   cert_management: str, cert_dir: Path | None = None, **more: object) -> Path:
+    """The config file of the controller-runtime manager `name` (its ControllerManagerConfiguration):
+    upstream's with what a pod would give the process instead, `more` over it, written in the tier's
+    directory. Its webhook server and health probe on 127.0.0.1 at PORTS[name], its metrics server off,
+    its leader election's lease in `leader_election_namespace`, its own certificate rotation (the key
+    `cert_management`) off: its webhook server reads the tier's certificate from `cert_dir` (or from
+    controller-runtime's default directory, when None)."""
+    ports = PORTS[name]
+    webhook = {"host": "127.0.0.1", "port": ports.webhook, **({"certDir": str(cert_dir)} if cert_dir else {})}
+    overrides = {
+        "leaderElection": {"resourceNamespace": leader_election_namespace},
+        cert_management: {"enable": False},
+        "webhook": webhook,
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
+        **more,
+    }
+    config_file = ctx.work / f"{name}-config.yaml"
+    config_file.write_text(yaml.safe_dump(deep_merge(upstream, overrides)))
+    return config_file
+
+
 @dataclasses.dataclass(frozen=True)
 class Controller:
     """One upstream program as the tier runs it."""
@@ -199,30 +222,16 @@ class Context:
 
 def jobset(ctx: Context) -> Install:
     release = kustomize(ctx.programs("kubectl"), ctx.module("jobset") / "config" / "default")
-    ports = PORTS["jobset"]
     (config_map,) = [
         obj for obj in release if obj["kind"] == "ConfigMap" and "manager-config" in obj["metadata"]["name"]
     ]
     (config_text,) = config_map["data"].values()
-    config = deep_merge(
-        yaml.safe_load(config_text),
-        {
-            "leaderElection": {"resourceNamespace": TRAINER_NAMESPACE},
-            "internalCertManagement": {"enable": False},
-            "webhook": {
-                "host": "127.0.0.1",
-                "port": ports.webhook,
-                "certDir": str(serving_cert_dir(ctx.work / "jobset-certs", ctx.pki)),
-            },
-            "metrics": {"bindAddress": "0"},
-            "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
-        },
-    )
-    config_file = ctx.work / "jobset-config.yaml"
-    config_file.write_text(yaml.safe_dump(config))
+    certs = serving_cert_dir(ctx.work / "jobset-certs", ctx.pki)
+    config_file = manager_config(ctx, "jobset", yaml.safe_load(config_text), TRAINER_NAMESPACE,
+                                 "internalCertManagement", certs)
     return Install(
         crds=of_kind(release, "CustomResourceDefinition"),
-        webhooks=served_by(of_kind(release, *WEBHOOK_KINDS), ports.webhook, ctx.pki.ca_pem),
+        webhooks=served_by(of_kind(release, *WEBHOOK_KINDS), PORTS["jobset"].webhook, ctx.pki.ca_pem),
         controllers=[
             Controller(
                 "jobset",
@@ -238,25 +247,14 @@ def jobset(ctx: Context) -> Install:
 def trainer(ctx: Context) -> Install:
     base = ctx.module("trainer") / "manifests" / "base"
     kubectl = ctx.programs("kubectl")
-    ports = PORTS["trainer"]
-    config = deep_merge(
-        yaml.safe_load((base / "manager" / "controller_manager_config.yaml").read_text()),
-        {
-            "leaderElection": {"resourceNamespace": TRAINER_NAMESPACE},
-            "certManagement": {"enable": False},
-            "webhook": {"host": "127.0.0.1", "port": ports.webhook},
-            "metrics": {"bindAddress": "0"},
-            "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
-        },
-    )
-    config_file = ctx.work / "trainer-config.yaml"
-    config_file.write_text(yaml.safe_dump(config))
+    upstream = yaml.safe_load((base / "manager" / "controller_manager_config.yaml").read_text())
+    config_file = manager_config(ctx, "trainer", upstream, TRAINER_NAMESPACE, "certManagement")
     # Trainer's webhook server reads controller-runtime's default directory, under $TMPDIR.
     tmpdir = ctx.work / "trainer-tmp"
     serving_cert_dir(tmpdir / "k8s-webhook-server" / "serving-certs", ctx.pki)
     return Install(
         crds=kustomize(kubectl, base / "crds"),
-        webhooks=served_by(kustomize(kubectl, base / "webhook"), ports.webhook, ctx.pki.ca_pem),
+        webhooks=served_by(kustomize(kubectl, base / "webhook"), PORTS["trainer"].webhook, ctx.pki.ca_pem),
         controllers=[
             Controller(
                 "trainer-controller-manager",
@@ -286,25 +284,13 @@ def kueue(ctx: Context) -> Install:
         for obj in chart
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("manager-config")
     ]
-    config = deep_merge(
-        yaml.safe_load(config_map["data"]["controller_manager_config.yaml"]),
-        {
-            "namespace": KUEUE_NAMESPACE,
-            "leaderElection": {"resourceNamespace": KUEUE_NAMESPACE},
-            "internalCertManagement": {"enable": False},
-            "webhook": {
-                "host": "127.0.0.1",
-                "port": ports.webhook,
-                "certDir": str(serving_cert_dir(ctx.work / "kueue-certs", ctx.pki)),
-            },
-            "metrics": {"bindAddress": "0"},
-            "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
-            # Its visibility API server needs a Service and certificates at a fixed path; nothing uses it.
-            "featureGates": {"VisibilityOnDemand": False},
-        },
+    certs = serving_cert_dir(ctx.work / "kueue-certs", ctx.pki)
+    config_file = manager_config(
+        ctx, "kueue", yaml.safe_load(config_map["data"]["controller_manager_config.yaml"]), KUEUE_NAMESPACE,
+        "internalCertManagement", certs, namespace=KUEUE_NAMESPACE,
+        # Its visibility API server needs a Service and certificates at a fixed path; nothing uses it.
+        featureGates={"VisibilityOnDemand": False},
     )
-    config_file = ctx.work / "kueue-config.yaml"
-    config_file.write_text(yaml.safe_dump(config))
     # Read even when its metrics server is off (v0.19.2 cmd/kueue/main.go); /etc is the tier's overlay.
     serving_cert_dir(Path("/etc/kueue/metrics/certs"), ctx.pki)
     return Install(

@@ -22,8 +22,15 @@ from common.cluster_target import GPU_RESOURCE  # what GKE's NVIDIA device plugi
 from infra.gke import KUBERNETES_TAINT_EFFECTS, allocatable, machine_size
 from stacks import policies, render
 from stacks.kinds.k3d import DOCKER_VM
+from tools.control_plane.nodes.k3s import (
+    INSTANCE_TYPE_LABEL,
+    K3S_NODE_LABELS,
+    K3S_SERVER_ROLES,
+    k3d_server_name,
+)
 
-KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
+KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}  # the nodes KWOK manages (KWOK_NODE_SELECTOR)
+KWOK_NODE_SELECTOR = ",".join(f"{key}={value}" for key, value in KWOK_NODE_ANNOTATION.items())
 EXIT_CODE_ANNOTATION = "dist-ml.tier/exit-code"
 CRASH_LOOP_ANNOTATION = "dist-ml.tier/crash-loop"
 KWOK_STAGES = (
@@ -149,7 +156,7 @@ def stages(kwok_module: Path) -> list[dict]:
     ]
 
 
-def node(name: str, labels: dict[str, str], taints: list[dict], capacity: dict[str, str]) -> dict:
+def simulated_node(name: str, labels: dict[str, str], taints: list[dict], capacity: dict[str, str]) -> dict:
     resources = {**capacity, "pods": PODS_PER_NODE}
     return {
         "apiVersion": "v1",
@@ -169,15 +176,10 @@ def node(name: str, labels: dict[str, str], taints: list[dict], capacity: dict[s
     }
 
 
-# The labels k3s gives its nodes (a server's roles too).
-K3S_NODE_LABELS = {"node.kubernetes.io/instance-type": "k3s"}
-K3S_SERVER_ROLES = {"node-role.kubernetes.io/control-plane": "true", "node-role.kubernetes.io/master": "true"}
-
-
 def k3d_nodes(cluster_name: str) -> list[dict]:
     """The k3d cluster's one server node, as k3s registers it."""
     labels = {**K3S_SERVER_ROLES, **K3S_NODE_LABELS}
-    return [node(f"k3d-{cluster_name}-server-0", labels, [], dict(DOCKER_VM))]
+    return [simulated_node(k3d_server_name(cluster_name), labels, [], dict(DOCKER_VM))]
 
 
 # The labels GKE gives every node of a pool, a Spot VM's and a GPU node's
@@ -186,7 +188,6 @@ def k3d_nodes(cluster_name: str) -> list[dict]:
 GKE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 def gke_nodes(rendered: render.Rendered) -> list[dict]:
@@ -211,12 +212,7 @@ def node_of_pool(pool_name: str, pool: dict, index: int) -> dict:
         capacity[GPU_RESOURCE] = str(accelerator["count"])
     taints = [{"key": t["key"], "value": t["value"], "effect": KUBERNETES_TAINT_EFFECTS[t["effect"]]}
               for t in config.get("taints", [])]
-    return node(f"gke-{pool['cluster']}-{pool_name}-{index}", labels, taints, capacity)
-
-
-def k3d_agent_name(cluster_name: str) -> str:
-    """k3d's name for its cluster's first agent node."""
-    return f"k3d-{cluster_name}-agent-0"
+    return simulated_node(f"gke-{pool['cluster']}-{pool_name}-{index}", labels, taints, capacity)
 
 
 def k3s_local_path(claims: list[dict], node_name: str, directory: Path) -> list[dict]:

@@ -12,10 +12,9 @@
   passes its rules too).
 
 Everything lives under the tier's directory (containerd's state, the kubelet's, the CNI's address
-leases) but the images: tools/control_plane/images.py builds them in buildah's storage outside the
-clone, and containerd imports them at start, streamed from buildah, under the names the rendered stack
-uses into a root shared by the tiers of this machine one at a time (SHARED_ROOT), so that a warm run
-imports nothing.
+leases) but the images: images.py builds them in buildah's storage outside the clone, and containerd
+imports them at start, streamed from buildah, under the names the rendered stack uses into a root
+shared by the tiers of this machine one at a time (SHARED_ROOT), so that a warm run imports nothing.
 
 The node registers with a client certificate of `system:node:<name>` (the API server's Node authorizer
 and NodeRestriction judge it, as on a kubeadm node); kube-proxy as `system:kube-proxy` (bound by the
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import json
 import os
 import re
@@ -43,10 +41,10 @@ from pathlib import Path
 import yaml
 
 from common.cluster_names import CLUSTER_DOMAIN
+from common.installs import mirrored
 from engines.base import condition
-from tools.control_plane import images as node_images
 from tools.control_plane import pki as tier_pki
-from tools.control_plane.build import CACHE, Unavailable
+from tools.control_plane.build import MACHINE_CACHE, Unavailable, disk_bytes, held_alone, shown_bytes
 from tools.control_plane.cluster import (
     BRIDGE,
     BRIDGE_ADDRESS,
@@ -56,6 +54,7 @@ from tools.control_plane.cluster import (
     kubeconfig,
 )
 from tools.control_plane.kube import Api
+from tools.control_plane.nodes.images import NODE, ImageManifest, export_argv
 from tools.control_plane.processes import Program, StartError, answers, stop_all
 
 # The real node's pods: addresses of the tier's bridge network (KWOK's are 10.244.1.0/24), the bridge's
@@ -81,7 +80,7 @@ RUNTIME_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ipt
 RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "ipset")
 CGROUPS = Path("/sys/fs/cgroup")
 # containerd's root that tiers share, one at a time, outside the clone beside the images' build cache.
-SHARED_ROOT = node_images.CACHE.parent / "node-containerd"
+SHARED_ROOT = MACHINE_CACHE / "node-containerd"
 CGROUP_REMOVE_SECONDS = 10.0
 START_SECONDS = 120.0
 READY_SECONDS = 120.0
@@ -89,38 +88,6 @@ IMPORT_SECONDS = 600.0
 # The kubelet's reasons for a container that will not start without a change to the pod or the image.
 NEVER_STARTS = {"CreateContainerConfigError", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
                 "InvalidImageName", "CreateContainerError"}
-
-
-# What tools.control_plane.images built for this checkout, which the tier's node loads.
-IMAGES_MANIFEST = CACHE / "node-images.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeImages:
-    built: list[node_images.NodeImage]
-
-    def of(self, role: str) -> list[node_images.NodeImage]:
-        return [image for image in self.built if image.role == role]
-
-    @property
-    def pause(self) -> str:
-        (name,) = [image.name for image in self.built
-                   if image.name.startswith(node_images.PAUSE_REPOSITORY + ":")]
-        return name
-
-    @property
-    def helper(self) -> str:
-        return node_images.HELPER_IMAGE
-
-
-def write_images(built: list[node_images.NodeImage]) -> None:
-    IMAGES_MANIFEST.write_text(json.dumps([dataclasses.asdict(image) for image in built], indent=2))
-
-
-def read_images() -> NodeImages | None:
-    if not IMAGES_MANIFEST.is_file():
-        return None
-    return NodeImages([node_images.NodeImage(**image) for image in json.loads(IMAGES_MANIFEST.read_text())])
 
 
 def real_root(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
@@ -238,6 +205,15 @@ def cgroup_dirs(name: str, cgroups: Path = CGROUPS) -> list[Path]:
             if not hierarchy.is_symlink() and (hierarchy / "cgroup.procs").is_file()]
 
 
+def killed(pids: list[str]) -> None:
+    """SIGKILL to each of `pids`, but those that have ended meanwhile."""
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def kill_cgroup_trees(roots: list[Path]) -> None:
     """Every process under `roots` killed, then the cgroups removed, deepest first. A cgroup may go
     while this walks it (its pod's last process reaped): os.walk passes over what vanished."""
@@ -247,11 +223,7 @@ def kill_cgroup_trees(roots: list[Path]) -> None:
                 pids = Path(directory, "cgroup.procs").read_text().split()
             except OSError:
                 continue
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            killed(pids)
     deadline = time.monotonic() + CGROUP_REMOVE_SECONDS
     for root in roots:
         for directory, _, _ in os.walk(root, topdown=False):
@@ -356,7 +328,7 @@ class RealNode:
     pki: tier_pki.Pki
     name: str
     labels: dict[str, str]
-    images: NodeImages  # its own (node_images.NODE) loaded into containerd at start
+    images: ImageManifest  # its own (NODE) loaded into containerd at start
     registries: tuple[str, ...] = ()  # plain-HTTP registries it pulls from (the tier's)
     root: Path | None = None  # containerd's: the shared store, or the tier's own
     _lock: object = None  # the shared store's, while this node holds it
@@ -399,11 +371,8 @@ class RealNode:
     def _shared_root(self) -> Path | None:
         """The store outside the clone whose images (gigabytes, unpacked) a warm run reuses, held for
         this tier alone; None when another tier on the machine holds it (this one gets its own)."""
-        SHARED_ROOT.mkdir(parents=True, exist_ok=True)
-        self._lock = (SHARED_ROOT.parent / f"{SHARED_ROOT.name}.lock").open("w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        self._lock = held_alone(SHARED_ROOT)
+        if self._lock is None:
             self.say("control-plane: another tier holds the node's shared image store: loading a store of "
                      "this tier's own")
             return None
@@ -466,10 +435,10 @@ class RealNode:
 
     def _import_images(self) -> None:
         """Each of the node's own images imported, but one the store already holds from the same build
-        (buildah's ID); the images it no longer names removed, but those a registry gave it."""
+        (buildah's ID); then every image the run does not use removed (_prune_store)."""
         record = self.root / "dist-ml-imported.json"
         imported = json.loads(record.read_text()) if record.is_file() else {}
-        own = [(image.name, image.image_id) for image in self.images.of(node_images.NODE)]
+        own = [(image.name, image.image_id) for image in self.images.of(NODE)]
         for image, built in own:
             if imported.get(image) == built:
                 self.say(f"control-plane: node image {image} (in the store)")
@@ -479,20 +448,35 @@ class RealNode:
             imported[image] = built
             record.write_text(json.dumps(imported, indent=2))
             self.say(f"control-plane: node image {image} loaded in {time.monotonic() - started:.0f} s")
-        current = {image for image, _ in own}
-        pulled = tuple(f"{registry}/" for registry in self.registries)
-        for stale in set(self.ctr("images", "list", "--quiet").split()) - current:
-            # The store's own digests go with their names; what a registry gave stays for the next pull.
-            if not stale.startswith(("sha256:", *pulled)):
-                self.ctr("images", "remove", stale)
-        record.write_text(json.dumps({image: imported.get(image) for image in current}, indent=2))
+        self._prune_store()
+        record.write_text(json.dumps({image: imported.get(image) for image, _ in own}, indent=2))
+
+    def used_names(self) -> set[str]:
+        """The images of the run, as the node's store names them: its own, and those it pulls from the
+        tier's registries (the project's and the platform's, where the stack's config and its image
+        mirror name them)."""
+        pulled = {mirrored(image.name, registry) for image in self.images.built if image.role != NODE
+                  for registry in self.registries}
+        return {image.name for image in self.images.of(NODE)} | pulled
+
+    def _prune_store(self) -> None:
+        """Every image of the store the run does not use removed, each by all its names, and its content
+        with it (`--sync`: containerd's garbage collector drops what no image refers to before this
+        returns); says what went and the bytes freed."""
+        removed = stale_in_store(listed_in_store(self.ctr("images", "list")), self.used_names())
+        if not removed:
+            return
+        before = disk_bytes(self.root)
+        self.ctr("images", "delete", "--sync", *removed)
+        self.say(f"control-plane: the node's store: removed {len(removed)} image names the run does not use, "
+                 f"{shown_bytes(before - disk_bytes(self.root))} freed: {', '.join(sorted(removed))}")
 
     def _import_from_buildah(self, image: str) -> None:
         """buildah's docker-archive of `image` piped into `ctr images import -`."""
         export_log = self.directory / "logs" / "image-export.log"
         export_log.parent.mkdir(parents=True, exist_ok=True)
         with export_log.open("w") as errors:
-            exporter = subprocess.Popen(node_images.export_argv(image), stdout=subprocess.PIPE, stderr=errors)
+            exporter = subprocess.Popen(export_argv(image), stdout=subprocess.PIPE, stderr=errors)
             try:
                 done = subprocess.run(
                     ["ctr", "--address", str(self.socket), "--namespace", "k8s.io",
@@ -593,7 +577,7 @@ class RealNode:
             f"control-plane: node {self.name}: kubelet and kube-proxy {versions['kubelet']}, "
             f"{runtime_versions()}, CoreDNS {versions['coredns']} ({CLUSTER_DOMAIN}), kube-router "
             f"{versions['kube-router']} (its NetworkPolicy controller, as k3s runs it); images: "
-            + ", ".join(image.name for image in self.images.of(node_images.NODE))
+            + ", ".join(image.name for image in self.images.of(NODE))
         )
 
     def pods_cpu_seconds(self) -> float:
@@ -613,16 +597,25 @@ class RealNode:
         runtime = [program for program in self.programs if program.name == "containerd"]
         stop_all([program for program in self.programs if program not in runtime])
         kill_cgroup_trees(cgroup_dirs(self.cgroup_root.lstrip("/")))
-        shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}"],
-                               capture_output=True, text=True).stdout.split()
-        for pid in shims:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        killed(subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}"],
+                              capture_output=True, text=True).stdout.split())
         stop_all(runtime)
         if self._lock is not None:
             self._lock.close()
+
+
+def listed_in_store(listing: str) -> list[tuple[str, str]]:
+    """(name, target digest) of each image in `ctr images list`'s table (REF TYPE DIGEST SIZE ...)."""
+    rows = [line.split() for line in listing.splitlines()[1:]]
+    return [(row[0], row[2]) for row in rows if len(row) >= 3]
+
+
+def stale_in_store(listed: list[tuple[str, str]], used: set[str]) -> list[str]:
+    """The names to remove from the node's store: every name of each image (its target) none of whose
+    names the run uses: its tag, and the digest and ID names the CRI plugin gave it, so that nothing
+    refers to its content any more."""
+    used_targets = {digest for name, digest in listed if name in used}
+    return [name for name, digest in listed if digest not in used_targets]
 
 
 def filter_chain_exists(chain: str) -> bool:
