@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 from tier_helpers import NAMESPACE, delete_all, end, running_pods, train_step, trainjob
 
+from common.cli import NEVER_SUCCEEDS_EXIT_CODE
 from common.cluster_target import GPU_RESOURCE
 from engines.base import condition
 from engines.trainjob import JOBSET_NAME_LABEL, TRAINING_QUEUE, WORKLOAD_JOB_UID_LABEL
@@ -141,7 +142,7 @@ def test_a_flavor_no_pod_of_the_runtime_can_match_fails_the_step_within_a_minute
     (flavor,) = [o for o in rendered.objects if o["kind"] == "ResourceFlavor"]
     tier.api.apply({**flavor, "spec": {**flavor["spec"], "nodeLabels": {POOL_LABEL: "spot-renamed"}}})
     step = train_step(workflow, trainjob(rendered, "g3-train-cnn"))
-    assert step.wait() == 1
+    assert step.wait() == NEVER_SUCCEEDS_EXIT_CODE  # Argo does not retry it
     assert step.seconds < FAIL_FAST_SECONDS, step.output
     assert "Kueue will never admit Workload trainjob-g3-train-cnn-" in step.output, step.output
     assert (f"couldn't assign flavors to pod set node: flavor {flavor['metadata']['name']} doesn't match "

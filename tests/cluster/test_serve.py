@@ -11,6 +11,7 @@ import json
 import pytest
 from tier_helpers import NAMESPACE, ROLLOUT_SECONDS, Step, delete_all, serve_step
 
+from common.cli import NEVER_SUCCEEDS_EXIT_CODE
 from common.cluster_names import (
     ISVC_LABEL,
     RELEASE_MODULE,
@@ -137,5 +138,5 @@ def test_a_crash_looping_predictor_fails_the_serve_step(tier, rendered, workflow
         return running
 
     tier.api.wait(crash_its_pods, f"{isvc}'s new pods running", ROLLOUT_SECONDS)
-    assert step.wait() == 1
+    assert step.wait() == NEVER_SUCCEEDS_EXIT_CODE  # Argo does not retry it
     assert "CrashLoopBackOff" in step.output, step.output

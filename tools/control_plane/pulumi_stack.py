@@ -166,7 +166,7 @@ class Update:
     seconds: float
     slowest: tuple[tuple[int, str], ...] = ()
     cpu_seconds: float = 0.0  # the engine's and its plugins' (the provider's)
-    program_cpu_seconds: float = 0.0  # this process's: the stacks' program, run inline
+    program_cpu_seconds: float = 0.0  # this process's: the program, run inline, and the tests' threads
 
     @property
     def changed(self) -> dict[str, int]:
@@ -176,7 +176,7 @@ class Update:
         counts = ", ".join(f"{count} {op}" for op, count in sorted(self.changes.items()))
         slowest = "; slowest: " + ", ".join(f"{name} {seconds} s" for seconds, name in self.slowest)
         return (f"pulumi {self.kind}: {counts or 'nothing'} in {self.seconds:.0f} s "
-                f"({self.cpu_seconds:.0f} CPU-s, the program {self.program_cpu_seconds:.0f})"
+                f"({self.cpu_seconds:.0f} CPU-s; this process {self.program_cpu_seconds:.0f})"
                 + (slowest if self.slowest else ""))
 
 
