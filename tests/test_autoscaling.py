@@ -11,7 +11,7 @@ import json
 import pytest
 import stack_checks
 from conftest import REPO_ROOT
-from stack_checks import closure, embedded, objects_of, validate_all
+from stack_checks import closure, embedded, objects_of, rendered_stack, validate_all
 
 from common.cluster_target import DEFAULT_PROMETHEUS_URL, KUBERNETES_MINOR
 from infra.monitoring import prometheus_url
@@ -35,7 +35,7 @@ def values(stack: str, metric: str) -> dict[str, str]:
                 ids=lambda param: "-".join(param))
 def rendered(request) -> tuple[str, render.Rendered]:
     stack, metric = request.param
-    return metric, render.render(stack, values(stack, metric))
+    return metric, rendered_stack(stack, values(stack, metric))
 
 
 def predictor_isvc(stack: render.Rendered) -> dict:
@@ -101,18 +101,18 @@ def test_the_default_render_names_the_stacks_prometheus():
     assert DEFAULT_PROMETHEUS_URL == prometheus_url(MONITORING)
     # kube-prometheus-stack's fullname is its release name cut to 26 characters (templates/_helpers.tpl).
     assert prometheus_url(MONITORING) == "http://monitoring-kube-prometheus-prometheus.monitoring.svc:9090"
-    (chart,) = [r for r in render.render("gke", values("gke", "inflight")).of_type(HELM_CHART)
+    (chart,) = [r for r in rendered_stack("gke", values("gke", "inflight")).of_type(HELM_CHART)
                 if r.inputs["chart"] == "kube-prometheus-stack"]
     assert chart.inputs["name"] == "monitoring-kube-prometheus-stack"
 
 
 def test_by_default_gke_scales_on_requests_in_flight_and_k3d_without_monitoring_on_cpu():
     gke_file = render.pulumi_values(STACK_FILES["gke"])
-    gke = render.render("gke", {**gke_file, "gcp:project": "dist-ml-test-4821"})
+    gke = rendered_stack("gke", {**gke_file, "gcp:project": "dist-ml-test-4821"})
     assert keda_installs(gke)
     (metric,) = predictor_isvc(gke)["spec"]["predictor"]["autoScaling"]["metrics"]
     assert "dist_ml_requests_in_flight" in metric["external"]["metric"]["query"]
-    local = render.render("local", render.pulumi_values(STACK_FILES["local"]))
+    local = rendered_stack("local", render.pulumi_values(STACK_FILES["local"]))
     assert not keda_installs(local)
     assert predictor_isvc(local)["spec"]["predictor"]["scaleMetric"] == "cpu"
 

@@ -24,6 +24,7 @@ from stack_checks import (
     embedded,
     named,
     objects_of,
+    rendered_stack,
     template_of,
     train_steps,
     training_pods,
@@ -70,12 +71,12 @@ def stack_values(stack: str, **sections: dict) -> dict[str, str]:
 
 @pytest.fixture(scope="module", params=["local", "gke"])
 def stack(request) -> render.Rendered:
-    return render.render(request.param, stack_values(request.param))
+    return rendered_stack(request.param, stack_values(request.param))
 
 
 @pytest.fixture(scope="module")
 def gke() -> render.Rendered:
-    return render.render("gke", stack_values("gke"))
+    return rendered_stack("gke", stack_values("gke"))
 
 
 PUBLIC_DOMAIN = "models.example.com"
@@ -92,12 +93,12 @@ def public_gke_values() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def public_gke() -> render.Rendered:
     """The gke stack with a public endpoint."""
-    return render.render("gke", public_gke_values())
+    return rendered_stack("gke", public_gke_values())
 
 
 @pytest.fixture(scope="module")
 def local() -> render.Rendered:
-    return render.render("local", stack_values("local"))
+    return rendered_stack("local", stack_values("local"))
 
 
 def grants(rendered: render.Rendered, namespace: str, account_namespace: str, account: str) -> set[tuple]:
@@ -356,7 +357,7 @@ def test_by_default_gkes_gateway_is_an_internal_load_balancer_in_the_stacks_own_
 def test_a_zonal_cluster_gets_its_subnets_in_the_zones_region():
     values = stack_values("gke")
     cluster = {**json.loads(values["dist-ml:cluster"]), "location": "europe-west4-b"}
-    rendered = render.render("gke", {**values, "dist-ml:cluster": json.dumps(cluster)})
+    rendered = rendered_stack("gke", {**values, "dist-ml:cluster": json.dumps(cluster)})
     assert {s.inputs["region"] for s in subnets(rendered).values()} == {"europe-west4"}
 
 
@@ -465,7 +466,7 @@ def test_monitors_name_ports_that_exist(gke):
 
 
 def test_with_the_tfjob_engine_the_training_operators_service_is_monitored():
-    rendered = render.render("gke", stack_values_with_engine("gke", "tfjob"))
+    rendered = rendered_stack("gke", stack_values_with_engine("gke", "tfjob"))
     (operator,) = objects_of(rendered, "ServiceMonitor")
     assert operator["metadata"]["namespace"] == "kubeflow"
     # kubeflow/trainer v1.9.4's Service names its port 8080; the container port has no name.
@@ -491,7 +492,7 @@ def test_with_tf_serving_the_predictor_has_no_monitor_for_metrics_it_does_not_se
                                             "autoscaling": {"metric": "cpu"}})
     values["dist-ml:pipeline"] = json.dumps({**json.loads(values["dist-ml:pipeline"]),
                                              "rollout": {"canaryPercent": 0}})
-    assert objects_of(render.render("gke", values), "PodMonitor") == []
+    assert objects_of(rendered_stack("gke", values), "PodMonitor") == []
 
 
 def test_kueue_is_installed_after_trainers_crds_and_controllers(stack):
@@ -618,8 +619,8 @@ JOBSET_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 
 @pytest.mark.parametrize("strategy", ["sync", "parameter-server"])
 def test_every_failure_policy_rule_name_is_one_jobsets_webhook_accepts(strategy):
-    rendered = render.render("local", stack_values("local", pipeline={"variants": ["cnn"],
-                                                                        "strategy": strategy}))
+    rendered = rendered_stack("local", stack_values("local", pipeline={"variants": ["cnn"],
+                                                                         "strategy": strategy}))
     (runtime,) = objects_of(rendered, "ClusterTrainingRuntime")
     rules = runtime["spec"]["template"]["spec"]["failurePolicy"]["rules"]
     assert rules and all(JOBSET_RULE_NAME.fullmatch(rule["name"]) for rule in rules), rules

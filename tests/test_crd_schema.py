@@ -5,11 +5,15 @@ render and stack tests through the `validate_crd` fixture."""
 from __future__ import annotations
 
 import copy
+import datetime
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
+from testdata import crd_schema
 from testdata.crd_schema import validate_manifest
 
 CRD = {
@@ -117,3 +121,28 @@ def test_the_crd_is_chosen_by_group_and_kind_and_the_version_by_api_version(crd_
     assert error == "version 'v9' is not in CRD widgets.example.com (has: v1, v2alpha1)"
     with pytest.raises(ValueError, match="v2alpha1 has no openAPIV3Schema"):
         validate_manifest(crd_file, {**WIDGET, "apiVersion": "example.com/v2alpha1"})
+
+
+def test_the_json_kept_for_a_crd_files_content_is_read_instead_of_its_yaml(tmp_path, monkeypatch):
+    """Unless JSON cannot hold the definitions as they are: then none is kept."""
+    monkeypatch.setattr(crd_schema, "PARSED_DIR", tmp_path / "parsed")
+    first = tmp_path / "first" / "widgets.yaml"
+    first.parent.mkdir()
+    first.write_text(yaml.safe_dump(CRD))
+    assert validate_manifest(first, widget()) == []
+    (kept,) = (tmp_path / "parsed").iterdir()
+    # The same content elsewhere is read from the JSON kept for it: here one saying replicas is a string.
+    definitions = json.loads(kept.read_text())
+    definitions[0]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "replicas"]["type"] = "string"
+    kept.write_text(json.dumps(definitions))
+    same = tmp_path / "same" / "widgets.yaml"
+    same.parent.mkdir()
+    shutil.copy(first, same)
+    assert validate_manifest(same, widget()) == ["spec.replicas: 3 is not of type 'string'"]
+    # A YAML date would not come back from JSON as itself: that file is read from its YAML each time.
+    dated = copy.deepcopy(CRD)
+    dated["metadata"]["annotations"] = {"since": datetime.date(2024, 1, 2)}
+    (tmp_path / "dated.yaml").write_text(yaml.safe_dump(dated))
+    assert validate_manifest(tmp_path / "dated.yaml", widget()) == []
+    assert list((tmp_path / "parsed").iterdir()) == [kept]

@@ -27,10 +27,11 @@ import pytest
 from google.protobuf import struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 from pulumi.runtime.rpc import UNKNOWN as UNKNOWN_DURING_PREVIEW
+from stack_checks import rendered_stack
 from test_cluster_contracts import PROJECT, REGION, stack_values
 from test_policy_pack import as_policy_resources
 
-from stacks import policies, render
+from stacks import policies
 from tools import virtualenvs
 
 pytestmark = pytest.mark.slow  # builds virtualenvs from the package registry, trains and serves
@@ -83,11 +84,11 @@ def analyze_stack(pack: analyzer_pb2_grpc.AnalyzerStub, resources: list[types.Si
 
 @pytest.mark.parametrize("stack", ["local", "gke"])
 def test_the_policy_pack_passes_each_stack_in_its_own_virtualenv(policy_pack, stack):
-    assert analyze_stack(policy_pack, as_policy_resources(render.render(stack, stack_values(stack)))) == {}
+    assert analyze_stack(policy_pack, as_policy_resources(rendered_stack(stack, stack_values(stack)))) == {}
 
 
 def test_the_policy_pack_rejects_a_public_bucket_in_its_own_virtualenv(policy_pack):
-    resources = as_policy_resources(render.render("gke", stack_values("gke")))
+    resources = as_policy_resources(rendered_stack("gke", stack_values("gke")))
     (bucket,) = [resource for resource in resources if resource.resource_type == policies.BUCKET]
     bucket.props = {**bucket.props, "publicAccessPrevention": "inherited"}
     found = analyze_stack(policy_pack, resources)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from conftest import REPO_ROOT
-from stack_checks import objects_of, validate_all, workflow_namespace
+from stack_checks import objects_of, rendered_stack, validate_all, workflow_namespace
 
 from common.cluster_target import KUBERNETES_MINOR
 from infra import preflight
@@ -38,7 +38,7 @@ def values(cluster: dict | None = None, images: dict | None = None, **sections: 
 
 @pytest.fixture(scope="module")
 def existing() -> render.Rendered:
-    return render.render("existing", values())
+    return rendered_stack("existing", values())
 
 
 def test_the_stack_renders_valid_with_the_pushed_images_and_no_command(existing, validate_crd):
@@ -58,7 +58,7 @@ def test_the_stack_renders_valid_with_the_pushed_images_and_no_command(existing,
 
 
 def test_the_stack_builds_and_pushes_the_images_to_a_registry_when_asked():
-    rendered = render.render("existing", values(images={"registry": "registry.example:5000/team"}))
+    rendered = rendered_stack("existing", values(images={"registry": "registry.example:5000/team"}))
     builds = rendered.of_type(render.IMAGE_BUILD)
     assert len(builds) == 3 and all(build.inputs["push"] for build in builds)
     assert all(build.inputs["tags"][0].startswith("registry.example:5000/team/dist-ml/") for build in builds)
@@ -89,7 +89,7 @@ def test_the_clusters_own_prometheus_installs_no_chart_and_is_where_keda_reads()
     url = "http://prometheus-operated.monitoring.svc:9090"
     monitoring = {"enabled": True, "prometheusUrl": url}
     serving = {**json.loads(values()["dist-ml:serving"]), "autoscaling": {"metric": "inflight"}}
-    rendered = render.render("existing", values(monitoring=monitoring, serving=serving))
+    rendered = rendered_stack("existing", values(monitoring=monitoring, serving=serving))
     assert not [r for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")
                 if r.inputs["chart"] == "kube-prometheus-stack"]
     assert cluster_prometheus(parse_stack_config(from_pulumi_values(values(monitoring=monitoring,

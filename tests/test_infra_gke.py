@@ -11,7 +11,7 @@ import pytest
 import stack_checks
 import yaml
 from conftest import REPO_ROOT, run_module
-from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
+from stack_checks import config_error_before_any_resource, embedded, objects_of, rendered_stack, validate_all
 
 from common import cluster_names
 from common.cluster_target import KUBERNETES_MINOR
@@ -67,7 +67,7 @@ def gke_config_of(values: dict[str, str]):
 
 @pytest.fixture(scope="module")
 def gke_stack() -> render.Rendered:
-    return render.render("gke", gke_values())
+    return rendered_stack("gke", gke_values())
 
 
 def training_pod(rendered: render.Rendered, step: str = "train-cnn") -> dict:
@@ -111,8 +111,8 @@ def test_the_cluster_upgrades_in_its_window_and_holds_minor_upgrades_until_the_m
                                              "endTimeBehavior": "UNTIL_END_OF_SUPPORT"}
     assert "endTime" not in exclusion  # GKE takes an end time or an end behavior, not both
     assert cluster.inputs["minMasterVersion"] == KUBERNETES_MINOR
-    unheld = render.render("gke", gke_values(cluster={"kind": "gke",
-                                                      "maintenance": {"holdMinorUpgrades": False}}))
+    unheld = rendered_stack("gke", gke_values(cluster={"kind": "gke",
+                                                       "maintenance": {"holdMinorUpgrades": False}}))
     (cluster,) = unheld.of_type(policies.GKE_CLUSTER)
     assert "maintenanceExclusions" not in cluster.inputs["maintenancePolicy"]
 
@@ -142,7 +142,7 @@ def test_the_cluster_is_closed_private_nodes_a_dns_endpoint_dataplane_v2_and_shi
 
 
 def test_authorized_networks_open_the_public_ip_endpoint_to_those_ranges_only():
-    rendered = render.render("gke", gke_values(cluster={"authorizedNetworks": ["198.51.100.0/24"]}))
+    rendered = rendered_stack("gke", gke_values(cluster={"authorizedNetworks": ["198.51.100.0/24"]}))
     (cluster,) = rendered.of_type(policies.GKE_CLUSTER)
     assert cluster.inputs["privateClusterConfig"]["enablePrivateEndpoint"] is False
     assert cluster.inputs["masterAuthorizedNetworksConfig"] == {
@@ -164,7 +164,7 @@ def test_the_stack_enables_every_api_it_needs_and_leaves_them_on_when_destroyed(
     for api, inputs in services.items():
         assert inputs["project"] == PROJECT, api
         assert inputs["disableOnDestroy"] is False and inputs["disableDependentServices"] is False, api
-    assert not render.render("local", render.pulumi_values(LOCAL_STACK_FILE)).of_type(SERVICE)
+    assert not rendered_stack("local", render.pulumi_values(LOCAL_STACK_FILE)).of_type(SERVICE)
 
 
 def waits_for(resource: Declared, by_name: dict[str, Declared]) -> set[str]:
@@ -321,7 +321,7 @@ def test_node_pools_follow_the_config_and_only_gpu_pools_bring_gpu_tolerations(g
     assert GPU_TOLERATION not in training_pod(gke_stack)["spec"].get("tolerations", [])
 
     # No trainingPool: with a GPU pool, training goes there.
-    rendered = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": None, "nodePools": {
+    rendered = rendered_stack("gke", gke_values(cluster={"kind": "gke", "trainingPool": None, "nodePools": {
         "cpu": {"machineType": "e2-standard-8", "minNodes": 2, "maxNodes": 7},
         "gpu": {"enabled": True, "acceleratorType": "nvidia-l4", "acceleratorCount": 2,
                 "machineType": "g2-standard-24", "maxNodes": 3}}}))
@@ -351,12 +351,12 @@ PUSHED = r":[0-9a-f]{12}@sha256:[0-9a-f]{64}"  # the tag, and the digest it was 
 
 @pytest.fixture(scope="module")
 def gpu_stack() -> render.Rendered:
-    return render.render("gke", gke_values(cluster=GPU_STACK))
+    return rendered_stack("gke", gke_values(cluster=GPU_STACK))
 
 
 def queued_gpu_stack(**gpu: object) -> render.Rendered:
     pools = GPU_STACK["nodePools"]
-    return render.render("gke", gke_values(cluster={**GPU_STACK, "nodePools": {
+    return rendered_stack("gke", gke_values(cluster={**GPU_STACK, "nodePools": {
         **pools, "gpu": {**pools["gpu"], "queuedProvisioning": True, **gpu}}}))
 
 
@@ -492,7 +492,7 @@ def test_without_gpus_to_train_on_no_gpu_image_is_built(gke_stack):
     assert "images-trainer-gpu" not in {r.name for r in gke_stack.of_type(render.IMAGE_BUILD)}
     assert "trainerGpu" not in gke_stack.outputs["images"]
     # A gpu pool that training does not use (trainingPool: spot) builds none either.
-    spot = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "spot", "nodePools": {
+    spot = rendered_stack("gke", gke_values(cluster={"kind": "gke", "trainingPool": "spot", "nodePools": {
         "spot": {"enabled": True}, "gpu": {"enabled": True}}}))
     assert "images-trainer-gpu" not in {r.name for r in spot.of_type(render.IMAGE_BUILD)}
     assert "--gpus" not in training_pod(spot)["spec"]["containers"][0]["command"]
@@ -507,7 +507,7 @@ def test_training_runs_on_the_spot_pool_when_there_is_one_and_on_demand_otherwis
         assert pod["spec"]["tolerations"] == [SPOT_TOLERATION], step
         assert not {"nvidia.com/gpu"} & set(trainer_resources(pod)["limits"]), step
 
-    on_demand = render.render("gke", gke_values(cluster={
+    on_demand = rendered_stack("gke", gke_values(cluster={
         "kind": "gke", "trainingPool": None, "nodePools": {"spot": {"enabled": False}}}))
     assert set(pools_of(on_demand)) == {"cluster-cpu-pool"}
     pod = training_pod(on_demand)
@@ -515,7 +515,7 @@ def test_training_runs_on_the_spot_pool_when_there_is_one_and_on_demand_otherwis
     assert "tolerations" not in pod["spec"]
 
     # Chosen explicitly: the on-demand pool although a spot pool exists.
-    chosen = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "cpu"}))
+    chosen = rendered_stack("gke", gke_values(cluster={"kind": "gke", "trainingPool": "cpu"}))
     assert "cluster-spot-pool" in pools_of(chosen)
     assert training_pod(chosen)["spec"]["nodeSelector"] == {"dist-ml/pool": "cpu"}
     assert "tolerations" not in training_pod(chosen)["spec"]
@@ -551,7 +551,7 @@ def training_pool_tolerations(node: object, in_training: bool = False) -> list[t
 
 
 def test_only_training_pods_tolerate_the_spot_and_gpu_taints_and_the_cpu_pool_stays_up():
-    rendered = render.render("gke", gke_values(cluster={"kind": "gke", "trainingPool": "gpu", "nodePools": {
+    rendered = rendered_stack("gke", gke_values(cluster={"kind": "gke", "trainingPool": "gpu", "nodePools": {
         "spot": {"enabled": True}, "gpu": {"enabled": True}}}))
     found = [entry for resource in rendered.resources for entry in training_pool_tolerations(resource.inputs)]
     # The search sees the training pods' tolerations, in their runtime and Kueue's flavor (so it is not
@@ -624,8 +624,8 @@ def test_monitoring_is_there_when_enabled_and_gone_when_disabled(gke_stack):
                 if r.inputs["chart"] == "kube-prometheus-stack"]
     assert chart.inputs["version"] == "80.4.1"
 
-    quiet = render.render("gke", gke_values(monitoring={"enabled": False},
-                                            serving={"autoscaling": {"metric": "cpu"}}))
+    quiet = rendered_stack("gke", gke_values(monitoring={"enabled": False},
+                                             serving={"autoscaling": {"metric": "cpu"}}))
     assert "dist-ml:infra:Monitoring" not in {r.type for r in quiet.resources}
     assert not objects_of(quiet, "PodMonitor") and not objects_of(quiet, "ServiceMonitor")
 
@@ -658,8 +658,8 @@ EXPECTED_DIFFERENCES = re.compile(r"|".join([
 def test_both_stacks_declare_the_same_pipeline_and_rollout_but_for_storage_images_and_placement():
     local_values = render.pulumi_values(LOCAL_STACK_FILE)
     shared = {f"dist-ml:{section}": local_values[f"dist-ml:{section}"] for section in ("pipeline", "serving")}
-    local = render.render("local", local_values)
-    gke = render.render("gke", {**gke_values(), **shared})
+    local = rendered_stack("local", local_values)
+    gke = rendered_stack("gke", {**gke_values(), **shared})
     for kind in ("WorkflowTemplate", "Deployment"):
         # The tracking servers differ by design: SQLite on a volume, Cloud SQL through its proxy.
         (local_object,), (gke_object,) = (
@@ -760,7 +760,7 @@ PUBLIC_ENDPOINT = {"public": True, "domain": "models.example.com", "allowedSourc
 @pytest.fixture(scope="module")
 def public_gke_stack() -> render.Rendered:
     cluster = json.loads(stack_file_values()["dist-ml:cluster"])
-    return render.render("gke", gke_values(**{"cluster": {**cluster, "endpoint": PUBLIC_ENDPOINT}}))
+    return rendered_stack("gke", gke_values(**{"cluster": {**cluster, "endpoint": PUBLIC_ENDPOINT}}))
 
 
 def test_a_public_endpoints_objects_validate_and_its_google_resources_wait_for_their_apis(

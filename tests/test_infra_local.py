@@ -8,7 +8,7 @@ import json
 import pytest
 import stack_checks
 from conftest import REPO_ROOT, run_module
-from stack_checks import config_error_before_any_resource, embedded, objects_of, validate_all
+from stack_checks import config_error_before_any_resource, embedded, objects_of, rendered_stack, validate_all
 
 from cluster_steps.inference_service import storage_uri
 from common.cluster_target import K3S_IMAGE, KUBERNETES_MINOR, STORAGE_CLAIM_NAME
@@ -26,7 +26,7 @@ def stack_values(**sections: dict) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def default_stack() -> render.Rendered:
-    return render.render("local", render.pulumi_values(STACK_FILE))
+    return rendered_stack("local", render.pulumi_values(STACK_FILE))
 
 
 def test_the_stack_files_kubernetes_version_is_the_one_validated_against():
@@ -73,7 +73,7 @@ def test_every_declared_object_validates_against_the_real_schemas(default_stack,
 
 
 def test_config_changes_the_objects(validate_crd):
-    rendered = render.render("local", stack_values(
+    rendered = rendered_stack("local", stack_values(
         pipeline={"workers": 3, "variants": ["cnn"], "runOnUp": True},
         serving={"minReplicas": 2, "maxReplicas": 5, "autoscaling": {"metric": "cpu", "target": 50}},
         platform={"argoVersion": "v3.7.18", "kserveVersion": "v0.19.0", "trainerVersion": "v2.3.1",
@@ -107,7 +107,7 @@ def test_config_changes_the_objects(validate_crd):
 def test_kserve_runs_in_standard_mode_and_knative_is_not_offered():
     """Knative mode could not work here (locally built images are resolved on Docker Hub, and with
     Kourier the InferenceService's address names an Istio gateway), so it is not an option."""
-    rendered = render.render("local", render.pulumi_values(STACK_FILE))
+    rendered = rendered_stack("local", render.pulumi_values(STACK_FILE))
     charts = {r.inputs["chart"].rpartition("/")[2]: r.inputs
               for r in rendered.of_type("kubernetes:helm.sh/v4:Chart")}
     assert charts["kserve-resources"]["values"]["kserve"]["controller"]["deploymentMode"] == "Standard"
@@ -149,7 +149,7 @@ def test_images_are_tagged_from_their_content(default_stack):
 def test_the_tfjob_engine_installs_the_training_operator_instead_and_its_steps_create_tfjobs(validate_crd):
     platform = {"trainerVersion": None, "kueueVersion": None, "trainingOperatorVersion": "v1.9.3"}
     values = stack_values(pipeline={"engine": "tfjob"}, platform=platform, cluster={"trainingQuota": None})
-    rendered = render.render("local", values)
+    rendered = rendered_stack("local", values)
     validate_all(rendered, validate_crd, "v4", KUBERNETES_MINOR)
     directories = {r.inputs["directory"] for r in rendered.of_type("kubernetes:kustomize/v2:Directory")}
     assert "https://github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.3" in directories
@@ -234,7 +234,7 @@ def test_the_tracking_server_keeps_sqlite_on_a_volume_of_its_own_one_writer_at_a
     (policy,) = objects_of(default_stack, "NetworkPolicy")
     assert policy["spec"]["ingress"][0]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": stack_checks.STACK_NAMESPACE}}}]
-    off = render.render("local", stack_values(pipeline={"tracking": {"enabled": False}}))
+    off = rendered_stack("local", stack_values(pipeline={"tracking": {"enabled": False}}))
     assert not [d for d in objects_of(off, "Deployment") if d["metadata"]["name"] == "mlflow"]
     (template,) = objects_of(off, "WorkflowTemplate")
     assert "MLFLOW_TRACKING_URI" not in str(template)
@@ -247,7 +247,7 @@ def test_the_images_are_built_on_the_configured_base_else_on_their_dockerfiles_o
 
     assert build_args(default_stack) == [None, None, None]
     mirror = "mirror.example/library/python:3.11-slim"
-    on_mirror = render.render("local", stack_values(images={"baseImage": mirror}))
+    on_mirror = rendered_stack("local", stack_values(images={"baseImage": mirror}))
     assert build_args(on_mirror) == [{"BASE_IMAGE": mirror}] * 3
 
 

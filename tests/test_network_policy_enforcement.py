@@ -9,7 +9,7 @@ tests/e2e_node/test_node.py has the tracking server's policy admit the pipeline'
 from __future__ import annotations
 
 from conftest import REPO_ROOT
-from stack_checks import stack_values
+from stack_checks import rendered_stack, stack_values
 
 from stacks import policies, render
 
@@ -34,13 +34,13 @@ def unenforced(rendered: render.Rendered) -> list[str]:
 def test_each_stacks_network_policies_are_enforced_by_the_cluster_it_makes():
     for stack, values in (("local", stack_values(REPO_ROOT / "Pulumi.local.yaml")),
                           ("gke", {**stack_values(REPO_ROOT / "Pulumi.gke.yaml"), "gcp:project": "p-4821"})):
-        rendered = render.render(stack, values)
+        rendered = rendered_stack(stack, values)
         assert any(obj["kind"] == "NetworkPolicy" for obj in rendered.objects), stack
         assert unenforced(rendered) == [], stack
 
 
 def test_a_cluster_that_would_not_enforce_them_is_named():
-    rendered = render.render("local", stack_values(REPO_ROOT / "Pulumi.local.yaml"))
+    rendered = rendered_stack("local", stack_values(REPO_ROOT / "Pulumi.local.yaml"))
     (create,) = [r for r in rendered.of_type("command:local:Command")
                  if r.inputs["create"].startswith("k3d cluster create")]
     create.inputs["create"] += " --k3s-arg=--disable-network-policy@server:*"

@@ -34,7 +34,8 @@ pytestmark = pytest.mark.slow  # trains with parameter servers
 
 DEADLINE_SECONDS = 300
 # Long enough that a replica can be killed between two epochs, short enough for 2 shared cores.
-LONG_RUN = ("--epochs", "6", "--steps-per-epoch", "30", "--batch-size-per-replica", "16")
+EPOCH = ("--steps-per-epoch", "30", "--batch-size-per-replica", "16")
+LONG_RUN = ("--epochs", "6", *EPOCH)
 
 
 # A stand-in replica: exits with the status given for its task ("chief:0" -> 0), else serves forever.
@@ -165,28 +166,14 @@ def test_a_worker_killed_mid_run_is_tolerated_and_the_run_ends_in_an_export(lost
     assert read_epochs(by_name(workers, "chief 0").log_path) == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_restarted_chief_resumes_from_its_checkpoint(data_dir, tmp_path):
-    workers = start_workers(train_args("cnn", data_dir, tmp_path, *LONG_RUN), num_workers=2,
-                            log_dir=tmp_path / "logs", parameter_servers=1)
-    chief = by_name(workers, "chief 0")
-    try:
-        completed = wait_for_epochs(chief, 2, workers)
-        chief.process.send_signal(signal.SIGKILL)
-        chief.process.wait()
-        completed = max(read_epochs(chief.log_path))
-        assert 2 <= completed < 6
-        chief.restart()  # alone, as TFJob restarts a Chief pod: workers and the ps keep running
-        wait_for_workers(workers)
-    finally:
-        stop_workers(workers)
-    log = chief.log_path.read_text()
-    assert f"resuming from backup at epoch {completed + 1}/6" in log
-    assert read_epochs(chief.log_path)[-(6 - completed):] == list(range(completed + 1, 7))
-    assert_serves(tmp_path / "export", data_dir)
-
-
-def test_a_lost_parameter_server_fails_the_job_and_the_rerun_resumes(data_dir, tmp_path):
-    args = train_args("cnn", data_dir, tmp_path, *LONG_RUN)
+def test_a_lost_parameter_server_fails_the_job_and_the_rerun_resumes_as_does_its_restarted_chief(
+        data_dir, tmp_path):
+    """The variables live on the parameter servers: losing one fails the job, and the rerun starts
+    again from the chief's backup. In that rerun the chief is lost too, and restarted alone (as TFJob
+    restarts a Chief pod; the workers and the ps keep running): it resumes from its own backup. One job
+    fewer than a test of each (four TensorFlow processes); two epochs more than LONG_RUN, room for both."""
+    epochs = 8
+    args = train_args("cnn", data_dir, tmp_path, "--epochs", str(epochs), *EPOCH)
     workers = start_workers(args, num_workers=2, log_dir=tmp_path / "run-1", parameter_servers=1)
     try:
         wait_for_epochs(by_name(workers, "chief 0"), 2, workers)
@@ -195,13 +182,23 @@ def test_a_lost_parameter_server_fails_the_job_and_the_rerun_resumes(data_dir, t
             wait_for_workers(workers)
     finally:
         stop_workers(workers)
-    completed = max(read_epochs(by_name(workers, "chief 0").log_path))
-    assert 2 <= completed < 6
+    lost_ps_at = max(read_epochs(by_name(workers, "chief 0").log_path))
+    assert 2 <= lost_ps_at < epochs - 1
 
-    # The variables lived on the lost server: the whole job starts again from the chief's backup.
     rerun = start_workers(args, num_workers=2, log_dir=tmp_path / "run-2", parameter_servers=1)
-    wait_for_workers(rerun)
-    chief_log = by_name(rerun, "chief 0").log_path
-    assert f"resuming from backup at epoch {completed + 1}/6" in chief_log.read_text()
-    assert read_epochs(chief_log) == list(range(completed + 1, 7))
+    chief = by_name(rerun, "chief 0")
+    try:
+        wait_for_epochs(chief, 1, rerun)
+        chief.process.send_signal(signal.SIGKILL)
+        chief.process.wait()
+        lost_chief_at = max(read_epochs(chief.log_path))
+        assert lost_ps_at < lost_chief_at < epochs
+        chief.restart()
+        wait_for_workers(rerun)
+    finally:
+        stop_workers(rerun)
+    log = chief.log_path.read_text()
+    assert f"resuming from backup at epoch {lost_ps_at + 1}/{epochs}" in log
+    assert f"resuming from backup at epoch {lost_chief_at + 1}/{epochs}" in log
+    assert read_epochs(chief.log_path) == list(range(lost_ps_at + 1, epochs + 1))  # each epoch once
     assert_serves(tmp_path / "export", data_dir)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import psutil
 import pytest
@@ -54,13 +54,19 @@ def start_pipeline(args: list[str], output: Path,
                                 stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
 
 
+def first_worker_logs(root: Path, step: str, earlier: Collection[Path]) -> list[Path]:
+    """The logs of `step`'s first worker in the runs under `root` but the `earlier` ones (log directories)."""
+    return [log for log in root.glob(f"logs/*/{step}/worker-0.log") if log.parents[1] not in earlier]
+
+
 def wait_for_log(root: Path, step: str, pattern: re.Pattern, process: subprocess.Popen,
-                 timeout: float = 240) -> None:
-    """Until the first worker of `step` has logged `pattern`, in this run's log directory."""
+                 earlier: Collection[Path] = (), timeout: float = 240) -> None:
+    """Until the first worker of `step` has logged `pattern`, in this run's log directory (not in the
+    `earlier` runs' of the same root)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert process.poll() is None, "the pipeline ended before training got going"
-        for log in root.glob(f"logs/*/{step}/worker-0.log"):
+        for log in first_worker_logs(root, step, earlier):
             if pattern.search(log.read_text(errors="replace")):
                 return
         time.sleep(0.2)
@@ -142,13 +148,14 @@ def test_two_variants_one_under_parameter_servers_publish_version_1_serve_it_the
     assert "serve: ready" in second.stdout
 
     # A small canary, so that its decision comes after a few dozen requests; forced to roll back.
-    # One variant, synchronous, for one epoch: a change of what is trained, and less to train.
+    # One variant, synchronous, on one worker for one epoch: a change of what is trained, and less to train.
     canary_config = tmp_path / "canary.yaml"
     canary_config.write_text("pipeline:\n  rollout: {canaryPercent: 50, minRequests: 20, maxWait: 60s}\n")
     changed = run_module("pipeline", *run_args(sample_dir, root, "--variants", "cnn"), *unreachable,
-                         "--epochs", "1", "--config", str(canary_config), "--rollout", "rollback")
+                         "--epochs", "1", "--workers", "1", "--config", str(canary_config),
+                         "--rollout", "rollback")
     assert changed.returncode == 0, changed.stderr[-3000:]
-    assert "ingest: memoized" in changed.stdout and "train-cnn: started (2 workers)\n" in changed.stdout
+    assert "ingest: memoized" in changed.stdout and "train-cnn: started (1 workers)\n" in changed.stdout
     assert "train-cnn: finished" in changed.stdout
     # Retrained and selected again; the promotion gate decides on validation data whether the new
     # winner replaces version 1 (trainer.select's tests pin the rule): either way one line says so.
@@ -181,29 +188,6 @@ def registered_aliases(tracked: MlflowClient) -> dict[str, str]:
             for alias, number in model.aliases.items()}
 
 
-def test_a_killed_worker_restarts_the_step_which_resumes_and_completes(sample_dir, tmp_path):
-    root = tmp_path / "root"
-    pipeline = start_pipeline(run_args(sample_dir, root, "--variants", "cnn", "--epochs", "6"),
-                              tmp_path / "out.txt")
-    try:
-        wait_for_log(root, "train-cnn", EPOCH_LOGGED, pipeline)
-        trainers(pipeline)[-1].kill()
-        assert pipeline.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
-    finally:
-        pipeline.kill()
-    output = (tmp_path / "out.txt").read_text()
-    assert re.search(r"train-cnn: worker \d exited with status -9; restarting all 2 \(retry 1/2\)", output)
-    assert "published: fmnist version 1" in output
-    # Both attempts log to the same file: the second resumes right after the last epoch logged (an
-    # epoch's line comes after its backup is written) and trains each remaining epoch once.
-    (chief_log,) = root.glob("logs/*/train-cnn/worker-0.log")
-    first_attempt, resumed, second_attempt = chief_log.read_text().partition("resuming from backup at ")
-    assert resumed, chief_log.read_text()[-3000:]
-    completed = max(epochs_logged(first_attempt))
-    assert second_attempt.startswith(f"epoch {completed + 1}/6\n")
-    assert epochs_logged(second_attempt) == list(range(completed + 1, 7))
-
-
 def test_after_the_retries_the_run_fails_naming_the_step_and_its_log(sample_dir, tmp_path):
     root = tmp_path / "root"
     pipeline = start_pipeline(run_args(sample_dir, root, "--variants", "cnn", "--epochs", "20",
@@ -220,7 +204,11 @@ def test_after_the_retries_the_run_fails_naming_the_step_and_its_log(sample_dir,
     assert "select: started" not in output
 
 
-def test_ctrl_c_mid_training_stops_every_child_and_the_next_run_works(sample_dir, tmp_path):
+def test_ctrl_c_stops_every_child_and_the_next_run_survives_a_killed_worker(sample_dir, tmp_path):
+    """Ctrl-C stops both variants' trainers. The next run in that root (ingest memoized, the interrupted
+    training's backup left aside: another training) loses a worker mid-training: the step restarts,
+    resumes right after the last epoch logged, trains each remaining epoch once and publishes (one
+    story: the run after the interrupt is the one that loses a worker, a whole pipeline run fewer)."""
     root = tmp_path / "root"
     args = run_args(sample_dir, root, "--variants", "cnn", "cnn_batchnorm", "--epochs", "20")
     pipeline = start_pipeline(args, tmp_path / "out.txt")
@@ -237,10 +225,27 @@ def test_ctrl_c_mid_training_stops_every_child_and_the_next_run_works(sample_dir
     assert alive == []
 
     # One of the interrupted variants (the other's leftovers stay beside it), for less to train.
-    rerun = run_module("pipeline", *run_args(sample_dir, root, "--variants", "cnn", "--epochs", "2"),
-                       timeout=300)
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert "ingest: memoized" in rerun.stdout and "published: fmnist version 1" in rerun.stdout
+    interrupted = set(root.glob("logs/*"))
+    rerun = start_pipeline(run_args(sample_dir, root, "--variants", "cnn", "--epochs", "6"),
+                           tmp_path / "rerun.txt")
+    try:
+        wait_for_log(root, "train-cnn", EPOCH_LOGGED, rerun, earlier=interrupted)
+        trainers(rerun)[-1].kill()
+        assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.txt").read_text()[-3000:]
+    finally:
+        rerun.kill()
+    output = (tmp_path / "rerun.txt").read_text()
+    assert "ingest: memoized" in output
+    assert re.search(r"train-cnn: worker \d exited with status -9; restarting all 2 \(retry 1/2\)", output)
+    assert "published: fmnist version 1" in output
+    # Both attempts log to the same file: the second resumes right after the last epoch logged (an
+    # epoch's line comes after its backup is written) and trains each remaining epoch once.
+    (chief_log,) = first_worker_logs(root, "train-cnn", interrupted)
+    first_attempt, resumed, second_attempt = chief_log.read_text().partition("resuming from backup at ")
+    assert resumed, chief_log.read_text()[-3000:]
+    completed = max(epochs_logged(first_attempt))
+    assert second_attempt.startswith(f"epoch {completed + 1}/6\n")
+    assert epochs_logged(second_attempt) == list(range(completed + 1, 7))
 
 
 @pytest.mark.parametrize("flags", [["--parallelism", "0"], ["--retries", "-1"]])

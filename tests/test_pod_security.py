@@ -10,7 +10,7 @@ import pytest
 import stack_checks
 import yaml
 from conftest import REPO_ROOT
-from stack_checks import objects_of, workflow_namespace
+from stack_checks import objects_of, rendered_stack, workflow_namespace
 
 from common import pod_security
 from common.cluster_target import KUBERNETES_MINOR, ClusterTarget
@@ -36,7 +36,7 @@ def stack(request) -> render.Rendered:
     values = render.pulumi_values(REPO_ROOT / f"Pulumi.{request.param}.yaml")
     if request.param == "gke":
         values["gcp:project"] = PROJECT
-    return render.render(request.param, values)
+    return rendered_stack(request.param, values)
 
 
 def pod_namespaces(rendered: render.Rendered) -> set[str]:

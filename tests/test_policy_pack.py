@@ -11,6 +11,7 @@ import pytest
 import yaml
 from conftest import REPO_ROOT
 from google.protobuf import json_format, struct_pb2
+from stack_checks import rendered_stack
 from test_cluster_contracts import public_gke_values, stack_values
 
 from stacks import policies, policy_pack, render
@@ -43,7 +44,7 @@ def reported(resources: list) -> dict[str, list[str]]:
 @pytest.mark.parametrize("stack", ["local", "gke", "gke-public"])
 def test_both_stacks_pass_every_policy(stack):
     values = public_gke_values() if stack == "gke-public" else stack_values(stack)
-    resources = as_policy_resources(render.render(stack.partition("-")[0], values))
+    resources = as_policy_resources(rendered_stack(stack.partition("-")[0], values))
     assert len(kubernetes_objects(policy_pack.declared(resources))) >= 15
     assert reported(resources) == {name: [] for name in policy_pack.POLICIES}
 
@@ -52,7 +53,7 @@ def test_both_stacks_pass_every_policy(stack):
 def test_the_pack_judges_the_objects_the_render_writes(stack):
     """One conversion (stacks/declared.py): what the policy engine hands over, numbers as floats,
     becomes the very manifests the render writes and the tests check."""
-    rendered = render.render(stack, stack_values(stack))
+    rendered = rendered_stack(stack, stack_values(stack))
     objects = kubernetes_objects(policy_pack.declared(as_policy_resources(rendered)))
     assert objects == rendered.objects and len(objects) >= 15
 
@@ -147,7 +148,7 @@ def test_each_violation_is_reported():
 
 @pytest.fixture(scope="module")
 def public_resources() -> list[types.SimpleNamespace]:
-    return as_policy_resources(render.render("gke", public_gke_values()))
+    return as_policy_resources(rendered_stack("gke", public_gke_values()))
 
 
 def changed(resources: list, kind_or_type: str, change, name: str | None = None) -> list:

@@ -24,12 +24,11 @@ from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceSt
 from kserve.protocol.infer_type import InferInput, InferRequest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
-from stack_checks import embedded
+from stack_checks import embedded, rendered_stack
 
 from serving import client, loadtest
 from serving.grpc_messages import model_infer, pb
 from serving.process import listening, wait_until_ready
-from stacks import render
 from trainer.fashion_mnist import CLASS_NAMES
 
 pytestmark = pytest.mark.slow  # starts model servers
@@ -506,7 +505,7 @@ def test_the_client_reports_grpc_errors_in_one_line(server, tmp_path):
 def predictor(request) -> dict:
     from test_cluster_contracts import stack_values, template_of
 
-    stack = render.render(request.param, stack_values(request.param))
+    stack = rendered_stack(request.param, stack_values(request.param))
     return embedded(template_of(stack), "serve")
 
 

@@ -1,6 +1,7 @@
 """SIGTERM ends the trainer's processes, also as a container's first process (PID 1 of its PID
 namespace, where the kernel drops the signals a process has no handler for), and also when the main
-thread is stuck in C code (common.termination)."""
+thread is stuck in C code (common.termination); and a program's exit skips the interpreter's last scan
+of its objects (common.cli)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,21 @@ def test_a_main_thread_stuck_in_c_code_still_exits_after_the_grace_period(tmp_pa
     _, stderr = stuck.communicate(timeout=30)
     assert stuck.returncode == TERMINATED_EXIT
     assert "stuck: still running 0.5 s after SIGTERM; exiting" in stderr
+
+
+def test_a_program_freezes_its_objects_before_the_interpreters_last_collections():
+    """What is alive when atexit's handlers run is never scanned again (gc.freeze), which took a
+    TensorFlow process about a second of CPU at each exit."""
+    program = textwrap.dedent("""
+        import atexit, gc
+        atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))
+        from common import cli
+        cli.run("program", lambda argv: None, [])
+    """)
+    result = subprocess.run([sys.executable, "-c", program], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "frozen at exit: True\n"
 
 
 @pytest.mark.slow

@@ -6,15 +6,15 @@ one warning line and nothing else."""
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import mlflow
 import pytest
+from conftest import built_once
 from mlflow import MlflowClient
 
 from common import tracking_names as names
@@ -27,11 +27,32 @@ from trainer.model_repository import RolloutState
 MODEL = "fmnist"
 
 
+@pytest.fixture(scope="session")
+def new_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database with the installed MLflow's tables, made once per run: each test's store is a copy
+    (making the tables runs every one of MLflow's migrations, about a CPU-second and seconds of disk
+    syncs)."""
+    def make(directory: Path) -> None:
+        MlflowClient(tracking_uri=f"sqlite:///{directory / 'mlflow.db'}")
+
+    return built_once(tmp_path_factory, "mlflow-tables", make) / "mlflow.db"
+
+
+def copy_of(database: Path, uri: str) -> str:
+    """`database` copied to where the SQLite store `uri` lives: a URI this process has not opened, so
+    MLflow checks the copy's schema when it first does."""
+    path = Path(uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True)
+    shutil.copy(database, path)
+    return uri
+
+
 @pytest.fixture
-def store(tmp_path) -> dict[str, str]:
-    """An embedded store's environment, as the local engine gives its steps."""
+def store(tmp_path, new_database) -> dict[str, str]:
+    """An embedded store's environment, as the local engine gives its steps, prepared as it prepares it."""
     config = load_config(None, {"storageRoot": str(tmp_path / "root")})
     env = local_tracking.environment(config, "run-1", environ={})
+    copy_of(new_database, env[names.TRACKING_URI_ENV])
     local_tracking.prepare(env)
     return env
 
@@ -271,29 +292,24 @@ def store_under_a_file(tmp_path: Path) -> str:
     return f"sqlite:///{blocker}/mlflow/mlflow.db"
 
 
-def store_of_an_older_mlflow(tmp_path: Path) -> str:
-    database = tmp_path / "old" / "mlflow.db"
-    database.parent.mkdir()
-    # The installed MLflow's tables, made by a process of its own: MLflow keeps one store per URI in a
-    # process and checks its schema only when it first opens it.
-    subprocess.run([sys.executable, "-c", "import sys; from mlflow import MlflowClient; "
-                    "MlflowClient(tracking_uri=sys.argv[1])", f"sqlite:///{database}"], check=True)
-    with sqlite3.connect(database) as connection:
+def store_of_an_older_mlflow(tmp_path: Path, new_database: Path) -> str:
+    uri = copy_of(new_database, f"sqlite:///{tmp_path / 'old' / 'mlflow.db'}")
+    with sqlite3.connect(uri.removeprefix("sqlite:///")) as connection:
         connection.execute("UPDATE alembic_version SET version_num = ?", (OLDEST_SCHEMA,))
-    return f"sqlite:///{database}"
+    return uri
 
 
 @pytest.mark.parametrize("failing", ["a path that cannot be created", "a schema older than MLflow's",
                                      "a black-holed host"])
 def test_a_store_that_fails_to_open_costs_each_step_one_warning_and_nothing_else(
-    failing, tmp_path, capsys, monkeypatch, black_hole
+    failing, tmp_path, capsys, monkeypatch, black_hole, new_database
 ):
     """The pipeline's preparation, a chief's training, selection's registration and the rollout's
     aliases, each its own process on a store that cannot open: one warning each, and each goes on."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # a user's own value wins over ours
-    uri = {"a path that cannot be created": store_under_a_file,
-           "a schema older than MLflow's": store_of_an_older_mlflow,
-           "a black-holed host": lambda _: black_hole}[failing](tmp_path)
+    uri = {"a path that cannot be created": lambda: store_under_a_file(tmp_path),
+           "a schema older than MLflow's": lambda: store_of_an_older_mlflow(tmp_path, new_database),
+           "a black-holed host": lambda: black_hole}[failing]()
     env = {names.TRACKING_URI_ENV: uri, names.EXPERIMENT_ENV: MODEL, names.PIPELINE_RUN_ENV: "run-1"}
     local_tracking.prepare(env)
     trained = tracking.Tracking.from_environment("train", env)
