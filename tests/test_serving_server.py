@@ -49,11 +49,18 @@ def image_dir(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+def started_server(published_repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The module's server: its URL, process, log and request log."""
     work = tmp_path_factory.mktemp("server")
     with model_server(published_repo, MODEL, work / "server.log", "--log-file", work / "requests.jsonl",
-                      "--max-body-bytes", "100000") as (url, _):
-        yield url, work / "requests.jsonl"
+                      "--max-body-bytes", "100000") as (url, process):
+        yield url, process, work / "server.log", work / "requests.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(started_server) -> tuple[str, Path]:
+    url, _, _, requests_log = started_server
+    return url, requests_log
 
 
 def png_body(image_dir: Path, protocol: str = "v1") -> tuple[str, dict]:
@@ -288,16 +295,15 @@ def test_metrics_count_requests_batches_errors_and_the_version(server, image_dir
     assert 'dist_ml_model_version{model="fmnist"} 1.0' in metrics
 
 
-def test_a_server_under_test_binds_port_zero_and_answers_on_the_port_it_reports(published_repo, tmp_path):
+def test_a_server_under_test_binds_port_zero_and_answers_on_the_port_it_reports(started_server):
     """serving.process gives the server port 0, never a port chosen beforehand (tests/test_bound_ports.py):
     the server binds it, and the port file and its log line name the port it answers on."""
-    log, repo = tmp_path / "server.log", published_repo
-    with running_server(["--model-repo", repo, "--model-name", MODEL], MODEL, log) as (url, process):
-        assert process.args[process.args.index("--http-port") + 1] == "0"
-        port = int(url.rpartition(":")[2])
-        assert port > 0 and read_port_file(port_file_beside(log)) == {"http": port}
-        assert f"serving.server: listening on http port {port}" in log.read_text()
-        assert requests.get(f"{url}/v1/models/{MODEL}").status_code == 200
+    url, process, log, _ = started_server
+    assert process.args[process.args.index("--http-port") + 1] == "0"
+    port = int(url.rpartition(":")[2])
+    assert port > 0 and read_port_file(port_file_beside(log)) == {"http": port}
+    assert f"serving.server: listening on http port {port}" in log.read_text()
+    assert requests.get(f"{url}/v1/models/{MODEL}").status_code == 200
 
 
 def test_a_dead_log_sink_neither_fails_nor_slows_predictions(published_repo, image_dir, tmp_path):
