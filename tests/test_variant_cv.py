@@ -15,8 +15,6 @@ from benchmarks import variant_cv
 from common import cli
 from trainer.fashion_mnist import NUM_CLASSES, Split, read_split
 
-pytestmark = pytest.mark.slow  # trains every fold
-
 SAMPLE = REPO_ROOT / "datasets" / "fashion-mnist-sample"
 
 
@@ -78,6 +76,7 @@ def test_bad_arguments_are_one_line_naming_the_flag(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # trains every fold
 def test_cross_validates_the_sample_and_its_ensemble(capsys):
     variant_cv.main(["--variants", "cnn", "cnn_gap", "--folds", "2", "--seeds", "1", "--epochs", "1",
                      "--json"])
