@@ -73,8 +73,9 @@ def run(prog: str, main: Callable[[Sequence[str] | None], None], argv: Sequence[
     """Runs `main`; the errors a user can cause (UsageError and `expected`) become one line.
 
     At exit the interpreter's last garbage collections skip what is alive when atexit's handlers run
-    (gc.freeze): a TensorFlow process spent about a second of CPU scanning its modules' objects only
-    to end, and a worker or parameter server stopped by SIGTERM seconds of wall time."""
+    (gc.freeze): scanning every object of TensorFlow's modules only to end the process was most of an
+    exit's time, and held a worker or parameter server stopped by SIGTERM for seconds
+    (docs/results/index.md#the-test-suite)."""
     atexit.register(gc.freeze)
     try:
         main(argv)

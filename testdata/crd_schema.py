@@ -28,8 +28,8 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 MAX_NAME_LENGTH = 253
 MAX_MESSAGE_LENGTH = 300  # jsonschema quotes whole sub-objects; keep each error one readable line
 NAME_CHECK = "[name check, not from the CRD]"
-# Each CRD file's definitions as JSON, by the file's SHA-256: each test process reads a dozen CRDs,
-# libyaml took up to 1.4 CPU-s on one (about 6 CPU-s a process), json a twentieth of that.
+# Each CRD file's definitions as JSON, by the file's SHA-256: each test process reads a dozen CRDs of
+# megabytes, which libyaml parses many times slower than json (docs/results/index.md#the-test-suite).
 PARSED_DIR = Path(__file__).resolve().parent.parent / ".cache" / "crd-json"
 
 

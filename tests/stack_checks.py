@@ -45,10 +45,9 @@ PUBLISHED_VERSION = "3"  # what select outputs, and the serve step receives
 
 
 def rendered_stack(stack: str, values: Mapping[str, str]) -> render.Rendered:
-    """render.render(stack, values), each stack and config rendered once per test process (the stack
-    files' own configs were rendered 13 and 8 times a run, 0.1-0.6 s each), each caller given a copy
-    of its own. A test that changes what the program reads (an engine or a cluster kind plugged in)
-    renders for itself."""
+    """render.render(stack, values), each stack and config rendered once per test process (many tests
+    read the stack files' own configs), each caller given a copy of its own. A test that changes what
+    the program reads (an engine or a cluster kind plugged in) renders for itself."""
     return copy.deepcopy(_rendered_once(stack, json.dumps(dict(values), sort_keys=True)))
 
 

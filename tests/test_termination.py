@@ -104,8 +104,8 @@ def test_a_main_thread_stuck_in_c_code_still_exits_after_the_grace_period(tmp_pa
 
 
 def test_a_program_freezes_its_objects_before_the_interpreters_last_collections():
-    """What is alive when atexit's handlers run is never scanned again (gc.freeze), which took a
-    TensorFlow process about a second of CPU at each exit."""
+    """What is alive when atexit's handlers run is never scanned again (gc.freeze): for a TensorFlow
+    process, the most of its exit's time."""
     program = textwrap.dedent("""
         import atexit, gc
         atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))

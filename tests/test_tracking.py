@@ -30,8 +30,7 @@ MODEL = "fmnist"
 @pytest.fixture(scope="session")
 def new_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database with the installed MLflow's tables, made once per run: each test's store is a copy
-    (making the tables runs every one of MLflow's migrations, about a CPU-second and seconds of disk
-    syncs)."""
+    (making the tables runs every one of MLflow's migrations, each synced to disk)."""
     def make(directory: Path) -> None:
         MlflowClient(tracking_uri=f"sqlite:///{directory / 'mlflow.db'}")
 
