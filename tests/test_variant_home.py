@@ -84,6 +84,7 @@ def environment(root: Path) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join([str(root), str(REPO_ROOT)])}
 
 
+@pytest.mark.slow  # a fresh interpreter runs both stacks' programs, which made it the fast lane's costliest
 def test_the_config_the_render_and_both_stacks_follow_the_variants_module(fourth_variant_tree):
     result = subprocess.run([sys.executable, "-c", PROBE, str(fourth_variant_tree)],
                             cwd=fourth_variant_tree, env=environment(fourth_variant_tree),
