@@ -115,12 +115,6 @@ def run_workflow(api, say) -> dict:
     return ended
 
 
-def succeeded_runs(api) -> list[dict]:
-    return [run for run in api.list(WORKFLOW_API, "Workflow", NAMESPACE)
-            if (run.get("status") or {}).get("phase") == "Succeeded"
-            and (run["spec"].get("workflowTemplateRef") or {}).get("name") == argo.WORKFLOW_TEMPLATE_NAME]
-
-
 def output(workflow: dict, step: str, parameter: str) -> str:
     nodes = [node for node in workflow["status"]["nodes"].values()
              if node.get("displayName") == step and (node.get("outputs") or {}).get("parameters")]
