@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import os
 import re
 import shutil
@@ -41,6 +42,12 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
     if collection_path in TIER_TESTS and os.environ.get(NAMESPACE_ENV) != "1":
         return True
     return None
+
+
+def pytest_unconfigure() -> None:
+    """As a program's exit (common.cli.run): the interpreter's last garbage collections skip what every
+    test process has loaded (TensorFlow, MLflow, Pulumi) only to end."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
