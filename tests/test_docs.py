@@ -23,11 +23,24 @@ REGENERATE = "regenerate: python tools/docs_reference.py"
 DOCS_LINK = re.compile(r"\]\((docs/[^)#\s]+\.md)(?:#([^)\s]+))?\)")
 
 
+@pytest.fixture(scope="module")
+def generated() -> dict[Path, str]:
+    """What the generator writes today, page by page: generated once (it reads every config model and
+    every module's docstring)."""
+    return docs_reference.pages()
+
+
+@pytest.fixture(scope="module")
+def runnable() -> tuple[list[docs_reference.Command], list[str]]:
+    """The commands the usage lines show, and the runnable modules without one: read once."""
+    return docs_reference.commands()
+
+
 @pytest.mark.parametrize("path", [docs_reference.CONFIGURATION_PAGE, docs_reference.CLI_PAGE],
                          ids=lambda path: path.name)
-def test_the_committed_reference_pages_are_what_the_generator_writes(path):
+def test_the_committed_reference_pages_are_what_the_generator_writes(path, generated):
     assert path.exists(), REGENERATE
-    assert path.read_text() == docs_reference.pages()[path], REGENERATE
+    assert path.read_text() == generated[path], REGENERATE
 
 
 def test_the_check_command_finds_nothing_stale():
@@ -36,15 +49,15 @@ def test_the_check_command_finds_nothing_stale():
     assert result.returncode == 0, result.stderr
 
 
-def test_every_runnable_module_says_how_to_run_it():
-    commands, missing = docs_reference.commands()
+def test_every_runnable_module_says_how_to_run_it(runnable):
+    commands, missing = runnable
     assert missing == [], "add an indented `python -m ...` usage line to each module's docstring"
     assert {"python -m pipeline", "python -m trainer.train", "python -m serving.server",
             "python tools/e2e.py"} <= {command.command for command in commands}
 
 
-def test_every_flag_a_usage_line_shows_is_declared_by_its_module():
-    undefined = {command.name: command.undefined_flags() for command in docs_reference.commands()[0]}
+def test_every_flag_a_usage_line_shows_is_declared_by_its_module(runnable):
+    undefined = {command.name: command.undefined_flags() for command in runnable[0]}
     assert {name: flags for name, flags in undefined.items() if flags} == {}
 
 
