@@ -166,7 +166,10 @@ def test_a_gpu_job_on_queued_provisioning_waits_on_kueues_check_for_its_nodes_wi
     assert active["reason"] == "Active", active
     step = train_step(workflow, trainjob(rendered, "g5-queued"))
     step.says(f"quota reserved by Kueue in {TRAINING_QUEUE}, waiting for its admission check {name}: Pending")
-    (request,) = tier.api.list(PROVISIONING_REQUEST_API, "ProvisioningRequest", NAMESPACE)
+    # Kueue's provisioning controller creates the request in its own reconcile, after the check is Pending.
+    (request,) = tier.api.wait(
+        lambda: tier.api.list(PROVISIONING_REQUEST_API, "ProvisioningRequest", NAMESPACE),
+        "Kueue's ProvisioningRequest", FAIL_FAST_SECONDS)
     assert request["spec"]["provisioningClassName"] == QUEUED_PROVISIONING_CLASS, request["spec"]
     (pod_set,) = request["spec"]["podSets"]
     assert pod_set["count"] == WORKERS, pod_set
