@@ -8,8 +8,9 @@ artifact directory the tier fills from the components' modules, and every image 
 registry, where the tier pushed them as a user's CI pushes them.
 
 The first `pulumi up` runs before the platform's Kueue image is in the registry, as when a mirror misses
-one: it must fail in the kubelet's words within minutes; the image pushed, a second one completes. At the
-end of the session `pulumi destroy` must leave no object of the stack behind.
+one: it must fail in the kubelet's words within minutes; the image pushed and the pod backing off from
+it deleted, a second one completes. At the end of the session `pulumi destroy` must leave no object of
+the stack behind.
 
 `python -m tools.control_plane e2e` (make test-e2e) runs it in a tier of its own.
 """
@@ -45,6 +46,7 @@ from testdata.pins import CRD_PINS
 from tools.control_plane import artifacts, build, cert_manager, components, stacks
 from tools.control_plane.build import ROOT
 from tools.control_plane.cluster import BRIDGE_ADDRESS
+from tools.control_plane.kube import Api
 from tools.control_plane.nodes.images import NODE, BuiltImage
 from tools.control_plane.pulumi_stack import NeverStarts, PulumiStack, Update
 from tools.control_plane.pytest_plugin import start_real_node, unavailable
@@ -198,6 +200,20 @@ def withheld(image: BuiltImage) -> bool:
     return image.name.startswith(qualified(WITHHELD) + ":")
 
 
+def restart_pulls(api: Api, references: list[str]) -> list[str]:
+    """Deletes each pod with a container waiting to pull one of `references`, as a user does once the
+    image is pushed: the kubelet retries a pull only when its back-off ends (up to 5 min), and the
+    pod's ReplicaSet starts a new one at once. The pods' names."""
+    deleted = []
+    for pod in api.list("v1", "Pod"):
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if any(status["image"] in references and (status.get("state") or {}).get("waiting")
+               for status in statuses):
+            api.delete("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
+            deleted.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+    return deleted
+
+
 def push(registry: Registry, built: list[BuiltImage]) -> None:
     """The project's images and the platform's into the registry, each where the stack's config names
     it (the project's under its references, the platform's under the mirror's paths)."""
@@ -239,6 +255,9 @@ def cluster(tier: Tier, registry: Registry, mirror, say) -> PulumiCluster:
     never_started_seconds = time.monotonic() - started
     say(f"the first pulumi up failed after {never_started_seconds:.0f} s: {first.value}")
     push(registry, list(filter(withheld, built)))
+    restarted = restart_pulls(tier.api, [registry.mirrored(image.name) for image in filter(withheld, built)])
+    say(f"deleted the pods backing off from pulling it, for their ReplicaSets to start anew: "
+        f"{', '.join(restarted) or 'none'}")
     updates = [stack.up()]
     print_platform(tier, say)
     try:
