@@ -16,7 +16,8 @@ from cryptography import x509
 from common.installs import ChartInstall, KustomizeInstall
 from tools.control_plane import artifacts, cert_manager
 from tools.control_plane.build import Built
-from tools.control_plane.pulumi_stack import PulumiStack, Update, never_starts, no_changes
+from tools.control_plane.nodes.real import never_starts
+from tools.control_plane.pulumi_stack import PulumiStack, Update, no_changes
 
 
 def built(name: str, module_dir, version="v1.0.0", pinned="v1.0.0") -> Built:
@@ -111,7 +112,7 @@ def test_the_watch_names_what_the_kubelet_says_never_of_the_updates_own_pods():
     api = Pods([pod("old", "2026-11-29T00:59:59Z", "ErrImagePull"),  # an earlier update's: not this one's
                 pod("new", "2026-11-29T01:00:00Z", "ErrImagePull"),
                 pod("starting", "2026-11-29T01:00:03Z", "ContainerCreating")])
-    assert never_starts(api, since) == [
+    assert never_starts(api, since=since) == [
         "pod kueue-system/new container manager: ErrImagePull: ErrImagePull words"]
 
 

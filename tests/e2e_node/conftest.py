@@ -48,6 +48,7 @@ from tools.control_plane.build import ROOT
 from tools.control_plane.cluster import BRIDGE_ADDRESS
 from tools.control_plane.kube import Api
 from tools.control_plane.nodes.images import NODE, BuiltImage
+from tools.control_plane.nodes.real import waiting_containers
 from tools.control_plane.pulumi_stack import NeverStarts, PulumiStack, Update
 from tools.control_plane.pytest_plugin import start_real_node, unavailable
 from tools.control_plane.registry import ADDRESS as REGISTRY
@@ -206,9 +207,7 @@ def restart_pulls(api: Api, references: list[str]) -> list[str]:
     pod's ReplicaSet starts a new one at once. The pods' names."""
     deleted = []
     for pod in api.list("v1", "Pod"):
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        if any(status["image"] in references and (status.get("state") or {}).get("waiting")
-               for status in statuses):
+        if any(container["image"] in references for container, _ in waiting_containers(pod)):
             api.delete("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
             deleted.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
     return deleted

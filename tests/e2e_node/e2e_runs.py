@@ -20,7 +20,7 @@ from common.cluster_names import predictor_deployment_name
 from engines.trainjob import JOBSET_NAME_LABEL, NODE_CONTAINER, RESTART_ATTEMPT_LABEL
 from pipeline import argo
 from serving import client
-from tools.control_plane.nodes.real import NEVER_STARTS
+from tools.control_plane.nodes.real import never_starts
 from trainer.fashion_mnist import CLASS_NAMES
 
 WORKFLOW_API = "argoproj.io/v1alpha1"
@@ -34,20 +34,6 @@ CHECKED_IMAGES = 50
 # Chance is one in ten. The e2e's model (conftest.E2E_SETTINGS: `cnn`, three passes over the sample's
 # 450 training images) scores about 0.7; a model that answers the wrong class scores near 0.
 MIN_ACCURACY = 0.4
-
-
-def never_starts(api) -> list[str]:
-    """Each container of the namespace the kubelet says will not start, in its words."""
-    found = []
-    for pod in api.list("v1", "Pod", NAMESPACE):
-        status = pod.get("status") or {}
-        containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
-        for container in containers:
-            waiting = (container.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in NEVER_STARTS:
-                found.append(f"pod {pod['metadata']['name']} container {container['name']}: "
-                             f"{waiting['reason']}: {waiting.get('message')}")
-    return found
 
 
 def record_failures(api, failures: dict[str, str], say) -> None:
@@ -96,7 +82,7 @@ def wait_until_ended(api, name: str, say, seconds: float = WORKFLOW_SECONDS,
         record_failures(api, failures, say)
         if status.get("phase") in ("Succeeded", "Failed", "Error"):
             return current, failures
-        stuck = never_starts(api) if stuck_fails else []
+        stuck = never_starts(api, NAMESPACE) if stuck_fails else []
         assert not stuck, "; ".join(stuck)
         assert time.monotonic() < deadline, (f"workflow {name} still {state} after {seconds:g} s; "
                                              + "; ".join(f"{key}: {what}" for key, what in failures.items()))

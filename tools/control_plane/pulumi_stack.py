@@ -33,7 +33,7 @@ from pulumi import automation as auto
 from stacks.program import main as stack_program
 from stacks.settings import PROJECT
 from tools.control_plane.kube import Api
-from tools.control_plane.nodes.real import NEVER_STARTS
+from tools.control_plane.nodes.real import never_starts
 
 STACK = "tier"
 PASSPHRASE = "dist-ml-tier-throwaway"  # the state lives and dies with the tier: nothing to protect
@@ -59,23 +59,6 @@ class NeverStarts(RuntimeError):
     """The kubelet said a container of the update's will never start; the message is its words."""
 
 
-def never_starts(api: Api, since: datetime.datetime) -> list[str]:
-    """Each container of a pod made `since` then that the kubelet says will not start, in its words."""
-    found = []
-    for pod in api.list("v1", "Pod"):
-        created = datetime.datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
-        if created < since:
-            continue  # an earlier update's, which this one does not wait for anew
-        status = pod.get("status") or {}
-        containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
-        for container in containers:
-            waiting = (container.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in NEVER_STARTS:
-                found.append(f"pod {pod['metadata']['namespace']}/{pod['metadata']['name']} container "
-                             f"{container['name']}: {waiting['reason']}: {waiting.get('message')}")
-    return found
-
-
 class KubeletWatch(threading.Thread):
     """Watches the pods an update makes; interrupts the engine (`pulumi`, a child of this process) the
     first time the kubelet says a container of one will never start."""
@@ -91,7 +74,7 @@ class KubeletWatch(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(WATCH_SECONDS):
             try:
-                found = never_starts(self.api, self.since)
+                found = never_starts(self.api, since=self.since)
             except Exception:  # noqa: BLE001 - a read that failed: the next one goes on
                 continue
             if found:

@@ -28,6 +28,7 @@ table's FORWARD chain runs before the masquerade.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import json
 import os
@@ -37,6 +38,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -88,6 +90,31 @@ IMPORT_SECONDS = 600.0
 # The kubelet's reasons for a container that will not start without a change to the pod or the image.
 NEVER_STARTS = {"CreateContainerConfigError", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
                 "InvalidImageName", "CreateContainerError"}
+
+
+def waiting_containers(pod: dict) -> Iterator[tuple[dict, dict]]:
+    """Each of the pod's containers (its init containers first) that waits: its status and why."""
+    status = pod.get("status") or {}
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting:
+            yield container, waiting
+
+
+def never_starts(api: Api, namespace: str | None = None, since: datetime.datetime | None = None) -> list[str]:
+    """Each container that the kubelet says will not start, in its words: of `namespace`'s pods (every
+    namespace's by default), and of those made `since` then (an earlier update's pods are not waited for
+    anew)."""
+    found = []
+    for pod in api.list("v1", "Pod", namespace):
+        created = datetime.datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        if since is not None and created < since:
+            continue
+        for container, waiting in waiting_containers(pod):
+            if waiting.get("reason") in NEVER_STARTS:
+                found.append(f"pod {pod['metadata']['namespace']}/{pod['metadata']['name']} container "
+                             f"{container['name']}: {waiting['reason']}: {waiting.get('message')}")
+    return found
 
 
 def real_root(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
