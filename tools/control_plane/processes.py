@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import psutil
+
 STOP_SECONDS = 3.0  # a test tier keeps nothing: what has not stopped by then is killed
 POLL_SECONDS = 0.2
 LOG_TAIL_LINES = 15
@@ -96,8 +98,6 @@ class Program:
 def cpu_seconds(programs: list[Program]) -> dict[str, float]:
     """Each running program's CPU time so far, its reaped children's included: where a tier's share of
     the machine goes (printed when it stops)."""
-    import psutil
-
     used = {}
     for program in programs:
         if program.running():
