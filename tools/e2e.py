@@ -34,7 +34,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from PIL import Image
 
-from common.cluster_target import PART_OF
+from common.cluster_names import WORKFLOW_TEMPLATE_NAME
+from pipeline import argo
 from trainer.fashion_mnist import read_split
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,6 @@ PASSPHRASE = "dist-ml-e2e-throwaway"
 PASSPHRASE_VARIABLES = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
 CLUSTER_NAME_KEY = "dist-ml:cluster.name"
 # pipeline.argo's names for the template and its runs (tests/test_e2e.py holds them equal).
-WORKFLOW_TEMPLATE = "dist-ml-pipeline"
 WORKFLOW_SUCCEEDED = "Succeeded"
 WORKFLOW_FAILED = ("Failed", "Error")
 DEFAULT_TIMEOUT_MINUTES = 120.0  # the run trains every variant on the full dataset
@@ -235,16 +235,9 @@ def deploy(run: Run) -> None:
     read_outputs(run, json.loads(outputs))
 
 
-def workflow_manifest() -> dict:
-    """One run of the installed template, as `argo submit --from workflowtemplate/...` makes it."""
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-            "metadata": {"generateName": f"{WORKFLOW_TEMPLATE}-", "labels": dict(PART_OF)},
-            "spec": {"workflowTemplateRef": {"name": WORKFLOW_TEMPLATE}}}
-
-
 def submit(run: Run) -> None:
     argv = ["kubectl", "create", "--namespace", run.namespace, "--filename", "-", "--output", "name"]
-    created = call(argv, run.env, capture=True, stdin=json.dumps(workflow_manifest())).strip()
+    created = call(argv, run.env, capture=True, stdin=json.dumps(argo.workflow())).strip()
     run.workflow = created.rpartition("/")[2]
     if not run.workflow:
         raise StepFailed(f"`{shlex.join(argv)}` named no workflow (it printed {created!r})")
@@ -319,7 +312,7 @@ STEPS = (
     Step("preflight", "the tools, new enough (python -m infra.preflight)", preflight),
     Step("stack", f"a throwaway stack `{STACK}` in this run's file backend", create_stack),
     Step("up", "pulumi up: the k3d cluster, images, platform, pipeline, serving, Gateway", deploy),
-    Step("submit", f"a Workflow of workflowtemplate/{WORKFLOW_TEMPLATE}", submit),
+    Step("submit", f"a Workflow of workflowtemplate/{WORKFLOW_TEMPLATE_NAME}", submit),
     Step("workflow", "wait for the run to end", wait_for_workflow),
     Step("predict", "a holdout image through the Gateway (python -m serving.client)", predict),
 )
