@@ -27,7 +27,6 @@ from tools.control_plane.kube import Refused
 
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 ISVC_API = "serving.kserve.io/v1beta1"
-WORKFLOW_API = "argoproj.io/v1alpha1"
 MODEL = "fmnist"  # Pulumi.local.yaml's pipeline.modelName
 NODES = 2  # Pulumi.local.yaml's pipeline.workers
 
@@ -37,7 +36,7 @@ def nothing_left(tier):
     yield
     delete_all(tier.api, TRAINJOB_API, "TrainJob", JOBSET_NAME_LABEL)
     delete_all(tier.api, ISVC_API, "InferenceService", ISVC_LABEL)
-    delete_all(tier.api, WORKFLOW_API, "Workflow", argo.WORKFLOW_LABEL)
+    delete_all(tier.api, argo.API_VERSION, "Workflow", argo.WORKFLOW_LABEL)
 
 
 def bare_pod(name: str, **security: dict) -> dict:
@@ -115,7 +114,7 @@ def test_argos_step_pods_with_the_executors_containers_are_admitted_under_enforc
     name = created["metadata"]["name"]
 
     def step_pod():
-        status = tier.api.get(WORKFLOW_API, "Workflow", name, NAMESPACE).get("status") or {}
+        status = tier.api.get(argo.API_VERSION, "Workflow", name, NAMESPACE).get("status") or {}
         # A step pod PodSecurity refuses errs the workflow with the server's message.
         assert status.get("phase") in (None, "Pending", "Running"), status.get("message", status)
         return tier.api.list("v1", "Pod", NAMESPACE, label_selector=f"{argo.WORKFLOW_LABEL}={name}")
@@ -128,4 +127,4 @@ def test_argos_step_pods_with_the_executors_containers_are_admitted_under_enforc
     (config,) = [obj for obj in local_stack_objects if obj["kind"] == "ConfigMap"
                  and obj["metadata"]["name"] == argo.CONTROLLER_CONFIG_MAP]
     assert {c["image"] for c in executor} == {yaml.safe_load(config["data"]["executor"])["image"]}
-    tier.api.delete(WORKFLOW_API, "Workflow", name, NAMESPACE)
+    tier.api.delete(argo.API_VERSION, "Workflow", name, NAMESPACE)

@@ -12,7 +12,6 @@ from engines import DEFAULT_ENGINE, ENGINES
 from infra.pipeline import EXECUTOR_RULE
 from pipeline import argo
 
-WORKFLOW_API = "argoproj.io/v1alpha1"
 SUBJECT = f"system:serviceaccount:{NAMESPACE}:{WORKFLOW_ACCOUNT}"
 STARTED_SECONDS = 90
 
@@ -29,8 +28,8 @@ def test_a_workflow_submitted_from_the_template_runs_its_first_step_as_the_workf
     name = created["metadata"]["name"]
 
     def first_pod():
-        phase = (tier.api.get(WORKFLOW_API, "Workflow", name, NAMESPACE).get("status") or {}).get("phase")
-        assert phase in (None, "Pending", "Running"), tier.api.get(WORKFLOW_API, "Workflow", name, NAMESPACE)
+        current = tier.api.get(argo.API_VERSION, "Workflow", name, NAMESPACE)
+        assert (current.get("status") or {}).get("phase") in (None, "Pending", "Running"), current
         return tier.api.list("v1", "Pod", NAMESPACE, label_selector=f"workflows.argoproj.io/workflow={name}")
 
     (pod,) = tier.api.wait(first_pod, "the workflow's first pod", STARTED_SECONDS)
@@ -39,7 +38,7 @@ def test_a_workflow_submitted_from_the_template_runs_its_first_step_as_the_workf
     assert re.fullmatch(rf"{name}\.ingest", pod["metadata"]["annotations"]["workflows.argoproj.io/node-name"])
     cache = tier.api.get("v1", "ConfigMap", argo.MEMO_CACHE_NAME, argo.ARGO_NAMESPACE)
     assert cache["metadata"]["labels"][argo.MEMO_CACHE_LABEL] == "Cache"
-    tier.api.delete(WORKFLOW_API, "Workflow", name, NAMESPACE)
+    tier.api.delete(argo.API_VERSION, "Workflow", name, NAMESPACE)
 
 
 def rules_of(review: dict) -> set[tuple[str, str, str]]:

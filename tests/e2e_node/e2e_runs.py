@@ -23,7 +23,6 @@ from serving import client
 from tools.control_plane.nodes.real import never_starts
 from trainer.fashion_mnist import CLASS_NAMES
 
-WORKFLOW_API = "argoproj.io/v1alpha1"
 WORKFLOW_SECONDS = 1200.0
 POLL_SECONDS = 2.0
 LOG_LINES = 3  # of a failed container, in the run's message
@@ -73,7 +72,7 @@ def wait_until_ended(api, name: str, say, seconds: float = WORKFLOW_SECONDS,
     namespace's will never start."""
     deadline, seen, failures = time.monotonic() + seconds, None, {}
     while True:
-        current = api.get(WORKFLOW_API, "Workflow", name, NAMESPACE)
+        current = api.get(argo.API_VERSION, "Workflow", name, NAMESPACE)
         status = current.get("status") or {}
         state = (status.get("phase"), status.get("progress"))
         if state != seen:

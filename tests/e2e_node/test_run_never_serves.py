@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from e2e_runs import WORKFLOW_API, output, submit, wait_until_ended
+from e2e_runs import output, submit, wait_until_ended
 from e2e_stack import NAMESPACE
 
 from common.cluster_names import ISVC_LABEL, MANIFEST_FLAG
@@ -65,7 +65,7 @@ def serve_step_alone(template: dict, version: str, name: str, breaks) -> tuple[d
     args[at] = json.dumps(manifest)
     spec["entrypoint"] = SERVE_STEP
     spec["arguments"] = {"parameters": [{"name": argo.VERSION_PARAMETER, "value": version}]}
-    workflow = {"apiVersion": WORKFLOW_API, "kind": "Workflow",
+    workflow = {"apiVersion": argo.API_VERSION, "kind": "Workflow",
                 "metadata": {"generateName": f"{name}-", "labels": template["metadata"].get("labels", {})},
                 "spec": spec}
     return workflow, expected
@@ -136,7 +136,7 @@ def never_serving(cluster, first_run, say) -> dict[str, tuple[dict, str, str]]:
     """Each case's ended Workflow, the words it expects, and the pods' history, the three run at once;
     their predictors deleted afterwards, their pods gone before the next scenario asks the node for room."""
     api, model = cluster.api, cluster.config.pipeline.model_name
-    template = api.get(WORKFLOW_API, "WorkflowTemplate", argo.WORKFLOW_TEMPLATE_NAME, NAMESPACE)
+    template = api.get(argo.API_VERSION, "WorkflowTemplate", argo.WORKFLOW_TEMPLATE_NAME, NAMESPACE)
     version = output(first_run.workflow, SERVE_STEP, argo.VERSION_PARAMETER)
     names = {case: f"{model}-{case}" for case in BREAKS}
     selector = f"{ISVC_LABEL} in ({','.join(names.values())})"
@@ -152,7 +152,7 @@ def never_serving(cluster, first_run, say) -> dict[str, tuple[dict, str, str]]:
     lines = "\n".join(history.lines)
     yield {case: (workflow, expected, lines) for case, (workflow, expected) in ended.items()}
     for case, (name, _) in submitted.items():
-        api.delete(WORKFLOW_API, "Workflow", name, NAMESPACE)
+        api.delete(argo.API_VERSION, "Workflow", name, NAMESPACE)
         api.delete("serving.kserve.io/v1beta1", "InferenceService", names[case], NAMESPACE)
     api.wait(lambda: not api.list("v1", "Pod", NAMESPACE, label_selector=selector),
              "the never-serving predictors' pods gone", POD_GONE_SECONDS)
