@@ -148,8 +148,8 @@ def never_serving(cluster, first_run, say) -> dict[str, tuple[dict, str, str]]:
         # Their predictors never start, by design: the step must say so, not this wait.
         ended = {case: (wait_until_ended(api, name, say, STEP_SECONDS, stuck_fails=False)[0], expected)
                  for case, (name, expected) in submitted.items()}
-    say("\n".join(history.lines))
     lines = "\n".join(history.lines)
+    say(lines)
     yield {case: (workflow, expected, lines) for case, (workflow, expected) in ended.items()}
     for case, (name, _) in submitted.items():
         api.delete(argo.API_VERSION, "Workflow", name, NAMESPACE)
