@@ -30,6 +30,7 @@ pytestmark = pytest.mark.slow  # runs the whole local pipeline
 
 FAST = ["--workers", "2", "--steps-per-epoch", "2", "--batch-size-per-replica", "8"]
 EPOCH_LOGGED = re.compile(r"train\[worker:0\]: epoch 1/")
+RUN_SLICE_SECONDS = 0.05  # how long held_once_logged lets the trainers run between its looks
 
 
 def run_args(sample_dir: Path, root: Path, *flags: str) -> list[str]:
@@ -59,18 +60,34 @@ def first_worker_logs(root: Path, step: str, earlier: Collection[Path]) -> list[
     return [log for log in root.glob(f"logs/*/{step}/worker-0.log") if log.parents[1] not in earlier]
 
 
-def wait_for_log(root: Path, step: str, pattern: re.Pattern, process: subprocess.Popen,
-                 earlier: Collection[Path] = (), timeout: float = 240) -> None:
-    """Until the first worker of `step` has logged `pattern`, in this run's log directory (not in the
-    `earlier` runs' of the same root)."""
+def held_once_logged(root: Path, step: str, pattern: re.Pattern, process: subprocess.Popen, count: int,
+                     earlier: Collection[Path] = (), timeout: float = 240) -> list[psutil.Process]:
+    """The pipeline's `count` trainers, each stopped (SIGSTOP), once the first worker of `step` has
+    logged `pattern` in this run's log directory (not in the `earlier` runs' of the same root).
+
+    After epoch 1 a few-step epoch takes a tenth of a second: less than a loaded machine may take to
+    list processes. So the trainers are listed once, before they train, and each check of the log is
+    made while they are stopped, so none can finish between the line and what the caller does next."""
     deadline = time.monotonic() + timeout
+    while len(held := trainers(process)) < count:
+        assert process.poll() is None and time.monotonic() < deadline, f"{count} trainers never ran"
+        time.sleep(RUN_SLICE_SECONDS)
     while time.monotonic() < deadline:
         assert process.poll() is None, "the pipeline ended before training got going"
-        for log in first_worker_logs(root, step, earlier):
-            if pattern.search(log.read_text(errors="replace")):
-                return
-        time.sleep(0.2)
+        for trainer in held:
+            trainer.suspend()
+        if any(pattern.search(log.read_text(errors="replace"))
+               for log in first_worker_logs(root, step, earlier)):
+            return held
+        resume(held)
+        time.sleep(RUN_SLICE_SECONDS)
     raise AssertionError(f"{step} did not log {pattern.pattern} in {timeout}s")
+
+
+def resume(processes: Collection[psutil.Process]) -> None:
+    for held in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            held.resume()
 
 
 def kill_tree(process: subprocess.Popen) -> None:
@@ -193,8 +210,9 @@ def test_after_the_retries_the_run_fails_naming_the_step_and_its_log(sample_dir,
     pipeline = start_pipeline(run_args(sample_dir, root, "--variants", "cnn", "--epochs", "20",
                                        "--retries", "0"), tmp_path / "out.txt")
     try:
-        wait_for_log(root, "train-cnn", EPOCH_LOGGED, pipeline)
-        trainers(pipeline)[0].kill()
+        held = held_once_logged(root, "train-cnn", EPOCH_LOGGED, pipeline, count=2)
+        held[0].kill()
+        resume(held)
         assert pipeline.wait(timeout=120) == 1
     finally:
         pipeline.kill()
@@ -213,10 +231,11 @@ def test_ctrl_c_stops_every_child_and_the_next_run_survives_a_killed_worker(samp
     args = run_args(sample_dir, root, "--variants", "cnn", "cnn_batchnorm", "--epochs", "20")
     pipeline = start_pipeline(args, tmp_path / "out.txt")
     try:
-        wait_for_log(root, "train-cnn", EPOCH_LOGGED, pipeline)
+        held = held_once_logged(root, "train-cnn", EPOCH_LOGGED, pipeline, count=4)
         children = psutil.Process(pipeline.pid).children(recursive=True)
-        assert len(trainers(pipeline)) == 4  # two variants in parallel, two workers each
+        assert len(held) == 4  # two variants in parallel, two workers each
         pipeline.send_signal(signal.SIGINT)
+        resume(held)  # the pipeline's SIGTERM, if sent already, is delivered on resuming
         assert pipeline.wait(timeout=60) == 130
     finally:
         pipeline.kill()
@@ -229,8 +248,10 @@ def test_ctrl_c_stops_every_child_and_the_next_run_survives_a_killed_worker(samp
     rerun = start_pipeline(run_args(sample_dir, root, "--variants", "cnn", "--epochs", "6"),
                            tmp_path / "rerun.txt")
     try:
-        wait_for_log(root, "train-cnn", EPOCH_LOGGED, rerun, earlier=interrupted)
-        trainers(rerun)[-1].kill()
+        held = held_once_logged(root, "train-cnn", EPOCH_LOGGED, rerun, count=2,
+                                earlier=interrupted)
+        held[-1].kill()
+        resume(held)
         assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.txt").read_text()[-3000:]
     finally:
         rerun.kill()
