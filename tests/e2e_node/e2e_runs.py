@@ -5,8 +5,11 @@ served model answers for images whose labels are known."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
+import signal
 import threading
 import time
 import urllib.parse
@@ -190,11 +193,22 @@ def check_served_classes(url: str, model: str, pngs: list[Path]) -> str:
 
 
 FIRST_EPOCH_END = re.compile(r"epoch 1/(\d+) ")  # trainer.train.ProgressLogger: its backup is on disk
+HOLD_SLICE_SECONDS = 0.1  # how long worker 1's trainer runs between WorkerKiller's looks at worker 0's log
+
+
+def signalled(pids: list[int], signum: signal.Signals) -> int:
+    """`signum` to each of `pids`, but those that have ended; how many were signalled."""
+    count = 0
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+            count += 1
+    return count
 
 
 class WorkerKiller(threading.Thread):
-    """Follows worker 0's log; the moment it ends its first epoch (the backup written), SIGKILLs worker
-    1's trainer container on the node, as a crash or the OOM killer would, with epochs still to go."""
+    """Once worker 0 has ended its first epoch (the backup written), SIGKILLs worker 1's trainer
+    container on the node, as a crash or the OOM killer would, with epochs still to go."""
 
     def __init__(self, cluster):
         super().__init__(daemon=True)
@@ -217,22 +231,33 @@ class WorkerKiller(threading.Thread):
 
     def kill_after_the_first_epoch(self) -> None:
         worker0, worker1 = self.running_pair()
-        log = self.cluster.api.core.read_namespaced_pod_log(
-            worker0["metadata"]["name"], NAMESPACE, container=NODE_CONTAINER, follow=True,
-            _preload_content=False)
-        seen, first_epoch = "", None
-        for chunk in log.stream():
-            seen += chunk.decode(errors="replace")
-            if first_epoch := FIRST_EPOCH_END.search(seen):
-                break
-        log.release_conn()
-        assert first_epoch, f"worker 0 ended without its first epoch: {seen[-600:]}"
-        assert int(first_epoch[1]) > 1, f"one epoch only: nothing left to resume ({first_epoch[0]})"
         (container,) = [status for status in worker1["status"]["containerStatuses"]
                         if status["name"] == NODE_CONTAINER]
-        self.cluster.real_node.kill_container(container["containerID"])
+        node = self.cluster.real_node
+        trainer = node.container_pids(container["containerID"])
+        try:
+            first_epoch = self.first_epoch_held(worker0, trainer)
+            assert int(first_epoch[1]) > 1, f"one epoch only: nothing left to resume ({first_epoch[0]})"
+            node.kill_container(container["containerID"])
+        finally:
+            signalled(trainer, signal.SIGCONT)
         self.killed = worker1["metadata"]["name"]
         self.when = first_epoch[0].strip()
+
+    def first_epoch_held(self, worker0: dict, trainer: list[int]) -> re.Match:
+        """Worker 0's first-epoch line, read while worker 1's trainer is stopped (SIGSTOP), as it stays.
+        The trainer runs HOLD_SLICE_SECONDS between looks, and synchronous training ends no epoch without
+        it: after epoch 1 the rest takes a few seconds, and a loaded machine may take as long to act."""
+        name, deadline = worker0["metadata"]["name"], time.monotonic() + WORKFLOW_SECONDS
+        while time.monotonic() < deadline:
+            if not signalled(trainer, signal.SIGSTOP):
+                raise AssertionError(f"worker 1's trainer ended before worker 0 ({name}) ended an epoch")
+            logged = self.cluster.api.core.read_namespaced_pod_log(name, NAMESPACE, container=NODE_CONTAINER)
+            if first_epoch := FIRST_EPOCH_END.search(logged):
+                return first_epoch
+            signalled(trainer, signal.SIGCONT)
+            time.sleep(HOLD_SLICE_SECONDS)
+        raise TimeoutError(f"worker 0 ({name}) ended no epoch within {WORKFLOW_SECONDS} s")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -454,6 +454,11 @@ class RealNode:
         return sorted({reference for reference in PULL_REQUEST.findall(log)
                        if reference.partition("/")[0] not in self.registries})
 
+    def container_pids(self, container_id: str) -> list[int]:
+        """The host PIDs of a running container's processes (containerd's listing of its task)."""
+        listing = self.ctr("tasks", "ps", container_id.removeprefix("containerd://"), timeout=30)
+        return [int(row.split()[0]) for row in listing.splitlines()[1:] if row.strip()]
+
     def kill_container(self, container_id: str) -> None:
         """SIGKILL to every process of a running container (a pod status's `containerd://<id>`), as the
         kernel's OOM killer or a crash ends it: the kubelet sees it exit 137."""
