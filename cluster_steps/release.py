@@ -83,6 +83,7 @@ DEFAULT_MAX_LATENCY_RATIO = 1.5
 # Reads and writes of one object before other writers' changes fail the step (client-go's retry.DefaultRetry).
 WRITE_ATTEMPTS = 5
 EVIDENCE_POLL_SECONDS = 15.0  # between scrapes of every predictor pod while the canary gathers requests
+RETIRE_SECONDS = 60.0  # for KServe's controller to release a deleted canary (its finalizer)
 
 
 class RolloutFailed(ClusterStepError):
@@ -289,7 +290,7 @@ def deploy(cluster: RolloutApi, namespace: str, manifest: dict, canary_percent: 
         # that failed half way, this one finishes its work (waited for, routed to, canary retired).
         reached = roll_out(cluster, namespace, manifest, timeout_seconds, timing, say)
         route_to(cluster, namespace, model_name, 0, labels)
-        retire_canary(cluster, namespace, model_name, say)
+        retire_canary(cluster, namespace, model_name, say, timing)
         return f"version {version} is the stable version ({reached}); the route sends it every request"
     if model_version(stable) == version:
         # The promotion gate kept it, or an earlier attempt of this step created it and failed: either
@@ -307,14 +308,25 @@ def deploy(cluster: RolloutApi, namespace: str, manifest: dict, canary_percent: 
             f"version {model_version(stable)} stays stable")
 
 
-def retire_canary(cluster: RolloutApi, namespace: str, model_name: str, say: Callable[[str], None]) -> None:
-    """Deletes the canary InferenceService, if any (its release stays on storage)."""
+def retire_canary(cluster: RolloutApi, namespace: str, model_name: str, say: Callable[[str], None],
+                  timing: Timing = Timing()) -> None:
+    """Deletes the canary InferenceService, if any (its release stays on storage), and waits until it
+    is gone, as `kubectl delete` does: KServe's finalizer keeps it until its controller has cleaned up,
+    and the next serve step would otherwise write its canary into an object on its way out."""
     name = canary_name(model_name)
     try:
         cluster.delete_inference_service(namespace, name)
     except NotFound:  # there was none, or someone deleted it first: gone either way, as wanted
         return
     say(f"rollout: deleted InferenceService {namespace}/{name}")
+    deadline = timing.clock() + RETIRE_SECONDS
+    while (left := cluster.get_inference_service(namespace, name)) is not None:
+        if timing.clock() >= deadline:
+            finalizers = ", ".join(left["metadata"].get("finalizers") or []) or "none"
+            raise RolloutFailed(f"InferenceService {namespace}/{name} is still there {RETIRE_SECONDS:g} "
+                                f"s after its deletion (finalizers: {finalizers}): "
+                                "is KServe's controller running?")
+        timing.sleep(timing.poll_seconds)
 
 
 def canary_gone(cluster: RolloutApi, namespace: str, model_name: str, reason: str,
@@ -337,17 +349,18 @@ def promote(cluster: RolloutApi, namespace: str, model_name: str, timeout_second
     version = model_version(current)
     reached = roll_out(cluster, namespace, renamed(current, model_name), timeout_seconds, timing, say)
     route_to(cluster, namespace, model_name, 0, current["metadata"].get("labels", {}))
-    retire_canary(cluster, namespace, model_name, say)
+    retire_canary(cluster, namespace, model_name, say, timing)
     return f"promoted version {version}: {reached}; the route sends it every request"
 
 
-def rollback(cluster: RolloutApi, namespace: str, model_name: str, say: Callable[[str], None] = print) -> str:
+def rollback(cluster: RolloutApi, namespace: str, model_name: str, say: Callable[[str], None] = print,
+             timing: Timing = Timing()) -> str:
     """Every request to the stable version, then the canary deleted; no version leaves storage."""
     stable = cluster.get_inference_service(namespace, model_name)
     if stable is None:
         raise RolloutFailed(f"no stable InferenceService {namespace}/{model_name} to roll back to")
     route_to(cluster, namespace, model_name, 0, stable["metadata"].get("labels", {}))
-    retire_canary(cluster, namespace, model_name, say)
+    retire_canary(cluster, namespace, model_name, say, timing)
     return f"rolled back: version {model_version(stable)} serves every request"
 
 
@@ -502,7 +515,7 @@ def run_command(cluster: RolloutApi, args: argparse.Namespace, timing: Timing = 
         say(f"rollout: {promote(cluster, namespace, args.model_name, args.timeout_seconds, timing, say)}")
         return
     if args.command == "rollback":
-        say(f"rollout: {rollback(cluster, namespace, args.model_name, say)}")
+        say(f"rollout: {rollback(cluster, namespace, args.model_name, say, timing)}")
         return
     try:
         analysis = analyse(cluster, namespace, args.model_name, policy_of(args), args.max_wait_seconds,
@@ -524,7 +537,7 @@ def run_command(cluster: RolloutApi, args: argparse.Namespace, timing: Timing = 
     if analysis.decision.promote:
         say(f"rollout: {promote(cluster, namespace, args.model_name, args.timeout_seconds, timing, say)}")
     else:
-        say(f"rollout: {rollback(cluster, namespace, args.model_name, say)}")
+        say(f"rollout: {rollback(cluster, namespace, args.model_name, say, timing)}")
 
 
 def numbered_version(isvc: dict | None) -> int | None:

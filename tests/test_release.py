@@ -329,6 +329,8 @@ class FakeKServe:
         self.traffic: dict[str, tuple[str, list[tuple[int, int, float]]]] = {}
         self.unreadable: set[str] = set()  # pods whose /metrics the pod proxy cannot reach
         self.meddling: dict[str, Iterator[Callable[[], None]]] = {}
+        # InferenceService -> how many reads it stays for once deleted (KServe's finalizer); None: for ever
+        self.finalizing: dict[str, int | None] = {}
 
     # What others do: KServe's controller, another run, a person with kubectl.
 
@@ -376,7 +378,13 @@ class FakeKServe:
         store[name] = self._stamped(manifest, name)
 
     def get_inference_service(self, namespace, name):
-        return self.isvcs.get(name)
+        isvc = self.isvcs.get(name)
+        if isvc is not None and "deletionTimestamp" in isvc["metadata"] and self.finalizing[name] is not None:
+            if self.finalizing[name] == 0:  # KServe's controller has removed its finalizer
+                del self.isvcs[name]
+                return None
+            self.finalizing[name] -= 1
+        return isvc
 
     def create_inference_service(self, namespace, manifest):
         self._create(self.isvcs, "InferenceService", manifest)
@@ -388,8 +396,13 @@ class FakeKServe:
 
     def delete_inference_service(self, namespace, name):
         self._meddle(name)
-        if self.isvcs.pop(name, None) is None:
+        if name not in self.isvcs:
             raise kubernetes.NotFound(f"InferenceService {NAMESPACE}/{name} does not exist")
+        if name in self.finalizing:
+            self.isvcs[name]["metadata"].update(deletionTimestamp="2026-11-29T00:00:00Z",
+                                                finalizers=["inferenceservice.finalizers"])
+        else:
+            del self.isvcs[name]
         self.log.append(f"delete isvc {name}")
 
     def get_http_route(self, namespace, name):
@@ -772,6 +785,26 @@ def test_retiring_a_canary_someone_already_deleted_is_not_an_error():
     said = run(cluster, "rollback", "--namespace", NAMESPACE, "--model-name", "fmnist")
     assert cluster.log == ["route fmnist-predictor=100"] and "fmnist-canary" not in cluster.isvcs
     assert said[-1] == "rollout: rolled back: version 2 serves every request"
+
+
+def test_a_retired_canary_is_waited_for_until_kserves_finalizer_lets_it_go():
+    """As `kubectl delete` waits: the next serve step must not write its canary into one on its way out."""
+    cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
+    cluster.finalizing["fmnist-canary"] = 2
+    said = run(cluster, "rollback", "--namespace", NAMESPACE, "--model-name", "fmnist")
+    assert "fmnist-canary" not in cluster.isvcs
+    assert said[-2:] == ["rollout: deleted InferenceService dist-ml/fmnist-canary",
+                         "rollout: rolled back: version 2 serves every request"]
+
+
+def test_a_canary_kserve_never_lets_go_fails_the_step_naming_the_finalizer():
+    cluster = canary_under_way([(0, 0, 0.0)], [(0, 0, 0.0)])
+    cluster.finalizing["fmnist-canary"] = None
+    with pytest.raises(rollout.RolloutFailed, match=(
+            r"^InferenceService dist-ml/fmnist-canary is still there 60 s after its deletion "
+            r"\(finalizers: inferenceservice\.finalizers\): is KServe's controller running\?$")):
+        run(cluster, "promote", "--namespace", NAMESPACE, "--model-name", "fmnist")
+    assert cluster.weights() == "fmnist-predictor=100"  # every request already on the stable version
 
 
 def test_the_route_splits_between_kserves_predictor_services_and_validates(validate_crd):
