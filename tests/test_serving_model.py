@@ -24,6 +24,7 @@ from PIL import Image
 from prometheus_client import REGISTRY
 
 from trainer import fashion_mnist, model_repository
+from trainer.atomic import COMMIT_MARKER
 
 pytest.importorskip("kserve")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -35,6 +36,8 @@ from serving.inputs import Batch  # noqa: E402
 from serving.metrics import ANSWERED_BY  # noqa: E402
 from serving.model import VERSION_HEADER, FashionMnistModel  # noqa: E402
 from serving.versions import VersionSet  # noqa: E402
+
+WITHOUT_MARKER = shutil.ignore_patterns(COMMIT_MARKER)  # a version as a killed publisher leaves it
 
 MODEL = "fmnist"
 
@@ -198,8 +201,8 @@ def test_a_half_written_version_is_never_served(served, published_repo, images):
     before = served_version(client, images)
     number = max(model_repository.numbered_directories(published_repo / MODEL)) + 1
     half_written = published_repo / MODEL / str(number)  # a publisher killed before its marker
-    shutil.copytree(published_repo / MODEL / before, half_written)
-    (half_written / "COMMITTED").unlink()
+    # Copied without its marker: the watcher polls meanwhile, and must never see this one committed.
+    shutil.copytree(published_repo / MODEL / before, half_written, ignore=WITHOUT_MARKER)
     shutil.rmtree(half_written / "variables")
 
     assert model.refresh()
@@ -232,8 +235,7 @@ def test_a_base_path_of_a_release_serves_its_one_version(published_repo, images,
 
 def test_no_committed_version_is_a_clear_error(published_repo, tmp_path):
     half_written = tmp_path / "base" / "1"
-    shutil.copytree(published_repo / MODEL / "1", half_written)
-    (half_written / "COMMITTED").unlink()
+    shutil.copytree(published_repo / MODEL / "1", half_written, ignore=WITHOUT_MARKER)
     with pytest.raises(FileNotFoundError, match="base: no published version"):
         FashionMnistModel(MODEL, tmp_path / "base").load()
 
