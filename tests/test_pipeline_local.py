@@ -74,10 +74,15 @@ def held_once_logged(root: Path, step: str, pattern: re.Pattern, process: subpro
         time.sleep(RUN_SLICE_SECONDS)
     while time.monotonic() < deadline:
         assert process.poll() is None, "the pipeline ended before training got going"
-        for trainer in held:
-            trainer.suspend()
-        if any(pattern.search(log.read_text(errors="replace"))
-               for log in first_worker_logs(root, step, earlier)):
+        try:
+            for trainer in held:
+                trainer.suspend()
+            logged = any(pattern.search(log.read_text(errors="replace"))
+                         for log in first_worker_logs(root, step, earlier))
+        except BaseException:
+            resume(held)  # none left stopped behind a failed test
+            raise
+        if logged:
             return held
         resume(held)
         time.sleep(RUN_SLICE_SECONDS)
@@ -233,9 +238,9 @@ def test_ctrl_c_stops_every_child_and_the_next_run_survives_a_killed_worker(samp
     try:
         held = held_once_logged(root, "train-cnn", EPOCH_LOGGED, pipeline, count=4)
         children = psutil.Process(pipeline.pid).children(recursive=True)
-        assert len(held) == 4  # two variants in parallel, two workers each
         pipeline.send_signal(signal.SIGINT)
         resume(held)  # the pipeline's SIGTERM, if sent already, is delivered on resuming
+        assert len(held) == 4  # two variants in parallel, two workers each
         assert pipeline.wait(timeout=60) == 130
     finally:
         pipeline.kill()
