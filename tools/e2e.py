@@ -47,7 +47,7 @@ WORK_ROOT = PROJECT / ".cache" / "e2e"  # a run-* directory per run: its Pulumi 
 PASSPHRASE = "dist-ml-e2e-throwaway"
 PASSPHRASE_VARIABLES = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
 CLUSTER_NAME_KEY = "dist-ml:cluster.name"
-# pipeline.argo's names for the template and its runs (tests/test_e2e.py holds them equal).
+# The phases that end an Argo Workflow (Workflow.status.phase).
 WORKFLOW_SUCCEEDED = "Succeeded"
 WORKFLOW_FAILED = ("Failed", "Error")
 DEFAULT_TIMEOUT_MINUTES = 120.0  # the run trains every variant on the full dataset

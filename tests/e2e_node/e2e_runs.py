@@ -5,9 +5,7 @@ served model answers for images whose labels are known."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import re
 import signal
 import threading
@@ -23,7 +21,7 @@ from common.cluster_names import predictor_deployment_name
 from engines.trainjob import JOBSET_NAME_LABEL, NODE_CONTAINER, RESTART_ATTEMPT_LABEL
 from pipeline import argo
 from serving import client
-from tools.control_plane.nodes.real import never_starts
+from tools.control_plane.nodes.real import never_starts, signalled
 from trainer.fashion_mnist import CLASS_NAMES
 
 WORKFLOW_SECONDS = 1200.0
@@ -194,16 +192,6 @@ def check_served_classes(url: str, model: str, pngs: list[Path]) -> str:
 
 FIRST_EPOCH_END = re.compile(r"epoch 1/(\d+) ")  # trainer.train.ProgressLogger: its backup is on disk
 HOLD_SLICE_SECONDS = 0.1  # how long worker 1's trainer runs between WorkerKiller's looks at worker 0's log
-
-
-def signalled(pids: list[int], signum: signal.Signals) -> int:
-    """`signum` to each of `pids`, but those that have ended; how many were signalled."""
-    count = 0
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-            count += 1
-    return count
 
 
 class WorkerKiller(threading.Thread):

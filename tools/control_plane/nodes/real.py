@@ -38,7 +38,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import yaml
 
@@ -232,13 +232,16 @@ def cgroup_dirs(name: str, cgroups: Path = CGROUPS) -> list[Path]:
             if not hierarchy.is_symlink() and (hierarchy / "cgroup.procs").is_file()]
 
 
-def killed(pids: list[str]) -> None:
-    """SIGKILL to each of `pids`, but those that have ended meanwhile."""
+def signalled(pids: Iterable[int | str], signum: signal.Signals) -> int:
+    """`signum` to each of `pids`, but those that have ended meanwhile; how many were signalled."""
+    count = 0
     for pid in pids:
         try:
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(int(pid), signum)
         except ProcessLookupError:
-            pass
+            continue
+        count += 1
+    return count
 
 
 def kill_cgroup_trees(roots: list[Path]) -> None:
@@ -250,7 +253,7 @@ def kill_cgroup_trees(roots: list[Path]) -> None:
                 pids = Path(directory, "cgroup.procs").read_text().split()
             except OSError:
                 continue
-            killed(pids)
+            signalled(pids, signal.SIGKILL)
     deadline = time.monotonic() + CGROUP_REMOVE_SECONDS
     for root in roots:
         for directory, _, _ in os.walk(root, topdown=False):
@@ -629,8 +632,9 @@ class RealNode:
         runtime = [program for program in self.programs if program.name == "containerd"]
         stop_all([program for program in self.programs if program not in runtime])
         kill_cgroup_trees(cgroup_dirs(self.cgroup_root.lstrip("/")))
-        killed(subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}"],
-                              capture_output=True, text=True).stdout.split())
+        shims = subprocess.run(["pgrep", "-f", f"containerd-shim-runc-v2 .*-address {self.socket}"],
+                               capture_output=True, text=True).stdout.split()
+        signalled(shims, signal.SIGKILL)
         stop_all(runtime)
         if self._lock is not None:
             self._lock.close()
