@@ -84,12 +84,15 @@ def test_a_failure_that_is_not_a_taken_port_is_not_retried(monkeypatch, tmp_path
     """Worker 1 loses its port on the first start, then fails for another reason: the failure is
     reported, not retried, though that worker's log (appended to) still holds the first start's line."""
     chosen = choosing_first(monkeypatch, taken_port, times=1)
-    marker = tmp_path / "bound-once"
-    failing = BINDING_TASK.replace('print("bound", port, flush=True)', f"""
+    # Written by worker 1 as it loses its port: the first start's own doing, however slowly worker 0
+    # starts before the launcher stops it.
+    marker = tmp_path / "lost-its-port"
+    failing = BINDING_TASK.replace("except OSError:\n",
+                                   f"except OSError:\n    open({str(marker)!r}, 'w').close()\n")
+    failing = failing.replace('print("bound", port, flush=True)', f"""
 import time
 if spec.task_index == 1 and os.path.exists({str(marker)!r}):
     sys.exit(3)
-open({str(marker)!r}, "w").close()
 time.sleep(60)""")
     tasks_run(monkeypatch, failing)
     with pytest.raises(launch.WorkerFailed) as error:
